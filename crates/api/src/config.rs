@@ -1,0 +1,346 @@
+//! The planner configuration (SPEC §2) and its one validation function.
+//!
+//! [`RULES`] is the single source of truth for what a valid config is: [`PlannerConfig::validate`]
+//! runs it in the operator and the producer, and the CRD schema carries the same rules as CEL
+//! (`x-kubernetes-validations`), with the plain ranges also expressed as OpenAPI bounds from the
+//! same constants.
+
+use std::fmt;
+
+use burst_prefix_planner::{BlockSpec, PlanParams};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const WINDOW_DURATION_MS_MIN: i64 = 1;
+pub const WINDOW_DURATION_MS_MAX: i64 = 10_000;
+/// -1 means unlimited for `maxPerReplica` and `maxBatchSize`.
+pub const UNLIMITED: i64 = -1;
+
+/// How the planner balances load across replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BalanceBy {
+    /// Count requests per replica.
+    #[default]
+    Requests,
+    /// Count blocks to prefill per replica; a prefix shared on a replica is charged once.
+    Tokens,
+}
+
+/// SPEC §2: how requests are windowed, hashed and placed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlannerConfig {
+    /// Length of the collection window in milliseconds, fixed from its first request (1..=10000).
+    #[serde(default = "default_window_duration_ms")]
+    #[schemars(range(min = WINDOW_DURATION_MS_MIN, max = WINDOW_DURATION_MS_MAX))]
+    pub window_duration_ms: i64,
+    /// k: at most this many members of one group on one replica; -1 is unlimited.
+    #[serde(default = "unlimited")]
+    #[schemars(range(min = UNLIMITED))]
+    pub max_per_replica: i64,
+    /// Tokens per prefix block (the model server's KV block size, or a multiple of it).
+    #[serde(default = "default_block_size_tokens")]
+    #[schemars(range(min = 1))]
+    pub block_size_tokens: i64,
+    /// Hash at most this many leading tokens per request; 0 uses the 2048-block cap.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub max_prefix_tokens_to_match: i64,
+    /// N: a single request is co-located with others sharing its first N blocks; 0 co-locates
+    /// identical prompts only.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_colocate_blocks: i64,
+    /// Most requests one window holds; further requests are refused with `batch_full`. -1 is
+    /// unlimited.
+    #[serde(default = "default_max_batch_size")]
+    #[schemars(range(min = UNLIMITED))]
+    pub max_batch_size: i64,
+    /// What load means when balancing: `requests` or `tokens`.
+    #[serde(default)]
+    pub balance_by: BalanceBy,
+}
+
+fn default_window_duration_ms() -> i64 {
+    100
+}
+fn unlimited() -> i64 {
+    UNLIMITED
+}
+fn default_block_size_tokens() -> i64 {
+    64
+}
+fn default_max_batch_size() -> i64 {
+    1000
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        PlannerConfig {
+            window_duration_ms: default_window_duration_ms(),
+            max_per_replica: unlimited(),
+            block_size_tokens: default_block_size_tokens(),
+            max_prefix_tokens_to_match: 0,
+            min_colocate_blocks: 0,
+            max_batch_size: default_max_batch_size(),
+            balance_by: BalanceBy::Requests,
+        }
+    }
+}
+
+/// One validation rule: the field it names, what it requires, the same rule in CEL (over the
+/// object that holds the fields, as the CRD evaluates it), and the check itself.
+pub struct Rule {
+    pub field: &'static str,
+    pub requirement: &'static str,
+    pub cel: &'static str,
+    value: fn(&PlannerConfig) -> i64,
+    holds: fn(&PlannerConfig) -> bool,
+}
+
+impl Rule {
+    /// The message the API server and the validation function both give.
+    pub fn message(&self) -> String {
+        format!("{} {}", self.field, self.requirement)
+    }
+}
+
+/// Every rule of SPEC §2. `balanceBy` is an enum, so its type is its rule.
+pub const RULES: &[Rule] = &[
+    Rule {
+        field: "windowDurationMs",
+        requirement: "must be between 1 and 10000",
+        cel: "self.windowDurationMs >= 1 && self.windowDurationMs <= 10000",
+        value: |c| c.window_duration_ms,
+        holds: |c| (WINDOW_DURATION_MS_MIN..=WINDOW_DURATION_MS_MAX).contains(&c.window_duration_ms),
+    },
+    Rule {
+        field: "maxPerReplica",
+        requirement: "must be -1 (unlimited) or >= 1",
+        cel: "self.maxPerReplica == -1 || self.maxPerReplica >= 1",
+        value: |c| c.max_per_replica,
+        holds: |c| c.max_per_replica == UNLIMITED || c.max_per_replica >= 1,
+    },
+    Rule {
+        field: "blockSizeTokens",
+        requirement: "must be >= 1",
+        cel: "self.blockSizeTokens >= 1",
+        value: |c| c.block_size_tokens,
+        holds: |c| c.block_size_tokens >= 1,
+    },
+    Rule {
+        field: "maxPrefixTokensToMatch",
+        requirement: "must be 0, or >= blockSizeTokens",
+        cel: "self.maxPrefixTokensToMatch == 0 || self.maxPrefixTokensToMatch >= self.blockSizeTokens",
+        value: |c| c.max_prefix_tokens_to_match,
+        holds: |c| {
+            c.max_prefix_tokens_to_match == 0
+                || c.max_prefix_tokens_to_match >= c.block_size_tokens.max(1)
+        },
+    },
+    Rule {
+        field: "minColocateBlocks",
+        requirement: "must be >= 0",
+        cel: "self.minColocateBlocks >= 0",
+        value: |c| c.min_colocate_blocks,
+        holds: |c| c.min_colocate_blocks >= 0,
+    },
+    Rule {
+        field: "maxBatchSize",
+        requirement: "must be -1 (unlimited) or >= 1",
+        cel: "self.maxBatchSize == -1 || self.maxBatchSize >= 1",
+        value: |c| c.max_batch_size,
+        holds: |c| c.max_batch_size == UNLIMITED || c.max_batch_size >= 1,
+    },
+];
+
+/// A broken rule: the field, its value and the rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub field: &'static str,
+    pub value: String,
+    pub requirement: &'static str,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is {}, but {}",
+            self.field, self.value, self.requirement
+        )
+    }
+}
+
+/// Every rule a config breaks.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ConfigError(pub Vec<Violation>);
+
+impl PlannerConfig {
+    /// The one validation function (SPEC §2).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let violations: Vec<Violation> = RULES
+            .iter()
+            .filter(|rule| !(rule.holds)(self))
+            .map(|rule| Violation {
+                field: rule.field,
+                value: (rule.value)(self).to_string(),
+                requirement: rule.requirement,
+            })
+            .collect();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(violations))
+        }
+    }
+
+    /// The planner's view of a validated config.
+    pub fn plan_params(&self) -> PlanParams {
+        PlanParams {
+            max_per_replica: usize::try_from(self.max_per_replica)
+                .ok()
+                .filter(|&k| k >= 1),
+            min_colocate_blocks: usize::try_from(self.min_colocate_blocks).unwrap_or(0),
+            balance_by: match self.balance_by {
+                BalanceBy::Requests => burst_prefix_planner::BalanceBy::Requests,
+                BalanceBy::Tokens => burst_prefix_planner::BalanceBy::Tokens,
+            },
+        }
+    }
+
+    /// How prompts are cut into blocks under a validated config.
+    pub fn block_spec(&self) -> BlockSpec {
+        BlockSpec::new(
+            usize::try_from(self.block_size_tokens).unwrap_or(1).max(1),
+            usize::try_from(self.max_prefix_tokens_to_match).unwrap_or(0),
+        )
+    }
+
+    /// The window's capacity, `None` when unlimited.
+    pub fn max_batch_size(&self) -> Option<usize> {
+        usize::try_from(self.max_batch_size)
+            .ok()
+            .filter(|&n| n >= 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_spec_and_are_valid() {
+        let config: PlannerConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(config, PlannerConfig::default());
+        assert_eq!(config.window_duration_ms, 100);
+        assert_eq!(config.max_per_replica, -1);
+        assert_eq!(config.block_size_tokens, 64);
+        assert_eq!(config.max_prefix_tokens_to_match, 0);
+        assert_eq!(config.min_colocate_blocks, 0);
+        assert_eq!(config.max_batch_size, 1000);
+        assert_eq!(config.balance_by, BalanceBy::Requests);
+        config.validate().unwrap();
+    }
+
+    fn invalid(edit: impl Fn(&mut PlannerConfig)) -> Vec<&'static str> {
+        let mut config = PlannerConfig::default();
+        edit(&mut config);
+        config
+            .validate()
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|v| v.field)
+            .collect()
+    }
+
+    #[test]
+    fn every_rule_rejects_its_field() {
+        assert_eq!(invalid(|c| c.window_duration_ms = 0), ["windowDurationMs"]);
+        assert_eq!(
+            invalid(|c| c.window_duration_ms = 10_001),
+            ["windowDurationMs"]
+        );
+        assert_eq!(invalid(|c| c.max_per_replica = 0), ["maxPerReplica"]);
+        assert_eq!(invalid(|c| c.max_per_replica = -2), ["maxPerReplica"]);
+        assert_eq!(invalid(|c| c.block_size_tokens = 0), ["blockSizeTokens"]);
+        assert_eq!(
+            invalid(|c| c.max_prefix_tokens_to_match = 63),
+            ["maxPrefixTokensToMatch"]
+        );
+        assert_eq!(
+            invalid(|c| c.max_prefix_tokens_to_match = -1),
+            ["maxPrefixTokensToMatch"]
+        );
+        assert_eq!(
+            invalid(|c| c.min_colocate_blocks = -1),
+            ["minColocateBlocks"]
+        );
+        assert_eq!(invalid(|c| c.max_batch_size = 0), ["maxBatchSize"]);
+        assert_eq!(
+            invalid(|c| {
+                c.window_duration_ms = 0;
+                c.max_batch_size = -5;
+            }),
+            ["windowDurationMs", "maxBatchSize"]
+        );
+    }
+
+    #[test]
+    fn boundaries_are_valid() {
+        let config = PlannerConfig {
+            window_duration_ms: 10_000,
+            max_per_replica: 1,
+            block_size_tokens: 1,
+            max_prefix_tokens_to_match: 1,
+            min_colocate_blocks: 0,
+            max_batch_size: -1,
+            balance_by: BalanceBy::Tokens,
+        };
+        config.validate().unwrap();
+        assert_eq!(config.max_batch_size(), None);
+        assert_eq!(config.plan_params().max_per_replica, Some(1));
+        assert_eq!(config.block_spec().max_blocks, 1);
+    }
+
+    #[test]
+    fn violation_names_field_value_and_rule() {
+        let config = PlannerConfig {
+            max_prefix_tokens_to_match: 10,
+            ..PlannerConfig::default()
+        };
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "maxPrefixTokensToMatch is 10, but must be 0, or >= blockSizeTokens"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_enums_are_refused_by_name() {
+        let err = serde_json::from_str::<PlannerConfig>(r#"{"windowMs": 5}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `windowMs`"),
+            "{err}"
+        );
+        let err = serde_json::from_str::<PlannerConfig>(r#"{"balanceBy": "bytes"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown variant `bytes`"), "{err}");
+    }
+
+    #[test]
+    fn plan_params_follow_the_config() {
+        let config = PlannerConfig {
+            max_per_replica: -1,
+            min_colocate_blocks: 4,
+            balance_by: BalanceBy::Tokens,
+            ..PlannerConfig::default()
+        };
+        let params = config.plan_params();
+        assert_eq!(params.max_per_replica, None);
+        assert_eq!(params.min_colocate_blocks, 4);
+        assert_eq!(params.balance_by, burst_prefix_planner::BalanceBy::Tokens);
+        assert_eq!(config.block_spec(), BlockSpec::new(64, 0));
+    }
+}

@@ -1,0 +1,239 @@
+//! One batch of hashed requests, planned and mapped back to endpoint ids. The window, `POST
+//! /v1/plan` and the `plan` subcommand all plan through [`plan_batch`].
+
+use std::collections::HashMap;
+
+use burst_prefix_api::PlannerConfig;
+use burst_prefix_planner::{assign, BatchRequest, BlockHash, Plan, PlanParams, Replica};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::request::{InferenceRequest, RequestError};
+
+/// A request ready for the planner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HashedRequest {
+    /// Its prompts' chains, concatenated.
+    pub blocks: Vec<BlockHash>,
+    /// Candidate endpoint ids; `None` means all.
+    pub endpoints: Option<Vec<String>>,
+}
+
+impl HashedRequest {
+    pub fn new(request: &InferenceRequest, config: &PlannerConfig) -> Self {
+        HashedRequest {
+            blocks: request.block_hashes(config.block_spec()).concat(),
+            endpoints: request.endpoints.clone(),
+        }
+    }
+}
+
+/// Plans one batch: endpoint ids in the requests' lists are mapped to replica indices (unknown
+/// ids are ignored), then the planner decides.
+pub fn plan_batch(
+    params: &PlanParams,
+    replicas: &[Replica<'_>],
+    requests: &[HashedRequest],
+) -> Plan {
+    let index: HashMap<&str, usize> = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, replica)| (replica.id, i))
+        .collect();
+    let allowed: Vec<Option<Vec<usize>>> = requests
+        .iter()
+        .map(|request| {
+            request.endpoints.as_ref().map(|ids| {
+                ids.iter()
+                    .filter_map(|id| index.get(id.as_str()).copied())
+                    .collect()
+            })
+        })
+        .collect();
+    let batch: Vec<BatchRequest<'_>> = requests
+        .iter()
+        .zip(&allowed)
+        .map(|(request, allowed)| BatchRequest {
+            blocks: &request.blocks,
+            allowed_replicas: allowed.as_deref(),
+        })
+        .collect();
+    assign(&batch, replicas, params)
+}
+
+/// Input of `plan` and `POST /v1/plan`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlanInput {
+    #[serde(default)]
+    pub config: PlannerConfig,
+    pub replicas: Vec<ReplicaInput>,
+    pub requests: Vec<RequestInput>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReplicaInput {
+    pub id: String,
+    #[serde(default)]
+    pub running_requests: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestInput {
+    pub id: String,
+    pub body: Value,
+}
+
+/// Output of `plan` and `POST /v1/plan`, in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanOutput {
+    pub assignments: Vec<AssignmentOutput>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AssignmentOutput {
+    pub id: String,
+    pub endpoint: Option<String>,
+    pub total_blocks: usize,
+}
+
+/// Why a batch could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("invalid config: {0}")]
+    Config(#[from] burst_prefix_api::ConfigError),
+    #[error("{0}")]
+    Request(#[from] RequestError),
+    #[error("replicas: duplicate id {0:?}")]
+    DuplicateReplica(String),
+}
+
+/// Validates, hashes and plans a whole batch.
+pub fn plan_input(input: &PlanInput) -> Result<PlanOutput, PlanError> {
+    input.config.validate()?;
+    let mut seen = std::collections::HashSet::new();
+    for replica in &input.replicas {
+        if !seen.insert(replica.id.as_str()) {
+            return Err(PlanError::DuplicateReplica(replica.id.clone()));
+        }
+    }
+    let hashed: Vec<HashedRequest> = input
+        .requests
+        .iter()
+        .enumerate()
+        .map(|(i, request)| {
+            InferenceRequest::from_value(&request.body)
+                .map(|parsed| HashedRequest::new(&parsed, &input.config))
+                .map_err(|e| e.within(&format!("requests[{i}].body")))
+        })
+        .collect::<Result<_, _>>()?;
+    let replicas: Vec<Replica<'_>> = input
+        .replicas
+        .iter()
+        .map(|replica| Replica {
+            id: &replica.id,
+            running_requests: replica.running_requests,
+        })
+        .collect();
+    let plan = plan_batch(&input.config.plan_params(), &replicas, &hashed);
+    let assignments = input
+        .requests
+        .iter()
+        .zip(&hashed)
+        .zip(&plan.assignments)
+        .map(|((request, hashed), assigned)| AssignmentOutput {
+            id: request.id.clone(),
+            endpoint: assigned.map(|r| input.replicas[r].id.clone()),
+            total_blocks: hashed.blocks.len(),
+        })
+        .collect();
+    Ok(PlanOutput { assignments })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input(value: Value) -> PlanInput {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn identical_prompts_share_an_endpoint() {
+        let output = plan_input(&input(json!({
+            "config": {"maxPerReplica": 2},
+            "replicas": [{"id": "ns/b-rank-0"}, {"id": "ns/a-rank-0", "runningRequests": 1}],
+            "requests": [
+                {"id": "r1", "body": {"model": "m", "prompt": "the same prompt"}},
+                {"id": "r2", "body": {"model": "m", "prompt": "the same prompt"}},
+                {"id": "r3", "body": {"model": "m", "prompt": "the same prompt"}},
+                {"id": "r4", "body": {"model": "m", "prompt": "a lone prompt"}},
+            ],
+        })))
+        .unwrap();
+        let endpoints: Vec<_> = output
+            .assignments
+            .iter()
+            .map(|a| a.endpoint.as_deref())
+            .collect();
+        // k = 2: two on the replica with fewer running requests, the third spills.
+        assert_eq!(
+            endpoints,
+            vec![
+                Some("ns/b-rank-0"),
+                Some("ns/b-rank-0"),
+                Some("ns/a-rank-0"),
+                None
+            ]
+        );
+        assert_eq!(output.assignments[0].total_blocks, 1);
+        assert_eq!(output.assignments[3].id, "r4");
+    }
+
+    #[test]
+    fn endpoint_lists_limit_the_candidates() {
+        let output = plan_input(&input(json!({
+            "replicas": [{"id": "a"}, {"id": "b"}],
+            "requests": [
+                {"id": "r1", "body": {"model": "m", "prompt": [1, 2, 3]}},
+                {"id": "r2", "body": {"model": "m", "prompt": [1, 2, 3], "endpoints": ["b", "unknown"]}},
+            ],
+        })))
+        .unwrap();
+        assert_eq!(output.assignments[0].endpoint.as_deref(), Some("a"));
+        assert_eq!(output.assignments[1].endpoint, None);
+    }
+
+    #[test]
+    fn errors_name_the_request_and_field() {
+        let err = plan_input(&input(json!({
+            "replicas": [{"id": "a"}],
+            "requests": [{"id": "r1", "body": {"model": "m", "prompt": "x"}}, {"id": "r2", "body": {"prompt": "x"}}],
+        })))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "requests[1].body.model: missing (required)"
+        );
+        let err = plan_input(&input(json!({
+            "config": {"windowDurationMs": 0},
+            "replicas": [],
+            "requests": [],
+        })))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid config: windowDurationMs is 0, but must be between 1 and 10000"
+        );
+        let err = plan_input(&input(
+            json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []}),
+        ))
+        .unwrap_err();
+        assert_eq!(err.to_string(), "replicas: duplicate id \"a\"");
+    }
+}

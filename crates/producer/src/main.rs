@@ -1,0 +1,104 @@
+//! `burst-prefix-producer`: the producer service and its debugging tools.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use burst_prefix_api::PlannerConfig;
+use burst_prefix_producer::batch::{plan_input, PlanInput};
+use burst_prefix_producer::request::InferenceRequest;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "burst-prefix-producer",
+    version,
+    about = "Co-locates bursts of prefix-sharing LLM requests on inference replicas",
+    long_about = "Co-locates bursts of prefix-sharing LLM requests on inference replicas.\n\n\
+        Requests that arrive within one window are hashed into prefix blocks (llm-d prefixhash \
+        compatible), grouped, and placed jointly, so a shared prompt is prefilled once.\n\n\
+        Invalid input exits with code 2 and one line on stderr."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the prefix block hashes of one request body (JSON on stdin).
+    ///
+    /// Output: {"blockSizeTokens": B, "prompts": [["ff375b446cd15b25", ...], ...]}, one list of
+    /// 16-digit hex block hashes per non-empty prompt.
+    Hash {
+        /// Tokens per block.
+        #[arg(long, default_value_t = 64)]
+        block_size_tokens: i64,
+        /// Hash at most this many leading tokens per request (0: up to 2048 blocks).
+        #[arg(long, default_value_t = 0)]
+        max_prefix_tokens: i64,
+    },
+    /// Plan one batch (JSON on stdin) and print where each request goes.
+    ///
+    /// Input: {"config": {...}, "replicas": [{"id": "...", "runningRequests": 0}],
+    /// "requests": [{"id": "...", "body": {...inference request...}}]}.
+    /// Output: {"assignments": [{"id": "...", "endpoint": "..." or null, "totalBlocks": n}]},
+    /// in request order.
+    Plan,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Hash {
+            block_size_tokens,
+            max_prefix_tokens,
+        } => hash(block_size_tokens, max_prefix_tokens),
+        Command::Plan => plan(),
+    };
+    match result {
+        Ok(output) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            // One line, so scripts can show it as it is.
+            eprintln!("error: {}", message.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn read_stdin() -> Result<Vec<u8>, String> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| format!("cannot read stdin: {e}"))?;
+    Ok(input)
+}
+
+fn hash(block_size_tokens: i64, max_prefix_tokens: i64) -> Result<String, String> {
+    let config = PlannerConfig {
+        block_size_tokens,
+        max_prefix_tokens_to_match: max_prefix_tokens,
+        ..PlannerConfig::default()
+    };
+    config.validate().map_err(|e| {
+        format!("invalid options: {e}")
+            .replace("blockSizeTokens", "--block-size-tokens")
+            .replace("maxPrefixTokensToMatch", "--max-prefix-tokens")
+    })?;
+    let request = InferenceRequest::from_slice(&read_stdin()?).map_err(|e| e.to_string())?;
+    let prompts: Vec<Vec<String>> = request
+        .block_hashes(config.block_spec())
+        .iter()
+        .map(|chain| chain.iter().map(|hash| format!("{hash:016x}")).collect())
+        .collect();
+    Ok(serde_json::json!({"blockSizeTokens": block_size_tokens, "prompts": prompts}).to_string())
+}
+
+fn plan() -> Result<String, String> {
+    let input: PlanInput =
+        serde_json::from_slice(&read_stdin()?).map_err(|e| format!("invalid plan input: {e}"))?;
+    let output = plan_input(&input).map_err(|e| e.to_string())?;
+    serde_json::to_string(&output).map_err(|e| e.to_string())
+}
