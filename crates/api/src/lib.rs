@@ -2,6 +2,7 @@
 //! (SPEC §2) with its one validation function, and the config file the producer reads.
 
 pub mod config;
+pub mod policy;
 pub mod producer_config;
 
 pub use config::{BalanceBy, ConfigError, PlannerConfig, Violation};
