@@ -58,6 +58,11 @@ struct RunArgs {
     /// Namespace of the leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
+    /// How long a Lease holds without renewal; a follower takes over this long after the
+    /// leader is gone.
+    #[arg(long, env = "BURST_PREFIX_LEASE_DURATION_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(2..=3600))]
+    lease_duration_seconds: u64,
     /// This replica's identity in the Lease (default: the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -136,6 +141,9 @@ async fn run(args: RunArgs) -> Result<(), String> {
     let manager = LeaseManagerBuilder::new(client, &args.lease_name)
         .with_namespace(&args.lease_namespace)
         .with_identity(&identity)
+        .with_duration(args.lease_duration_seconds)
+        // Renew well before expiry (the grace must be shorter than the duration).
+        .with_grace((args.lease_duration_seconds / 3).max(1))
         .build()
         .await
         .map_err(|e| format!("cannot set up the leader lease: {e}"))?;

@@ -40,6 +40,14 @@ fn hashing(c: &mut Criterion) {
     group.bench_function("plain_xxh64_baseline", |b| {
         b.iter(|| xxh64(black_box(&bytes), 0))
     });
+    // The floor of any llm-d compatible hasher: one XXH64 per 64-token block, no chaining.
+    group.bench_function("plain_xxh64_per_block_baseline", |b| {
+        b.iter(|| {
+            black_box(&bytes)
+                .chunks(spec.block_size_tokens * 4)
+                .fold(0u64, |acc, block| acc ^ xxh64(block, 0))
+        })
+    });
     group.bench_function("prefixhash_tokens", |b| {
         b.iter(|| hash_prompts("model", "", &[Prompt::Tokens(black_box(&prompt))], spec))
     });

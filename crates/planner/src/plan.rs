@@ -79,7 +79,13 @@ pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &Pla
     if replicas.is_empty() {
         return plan;
     }
-    let mut placer = Placer::new(replicas, params, max_share(&units, replicas.len(), params));
+    let total_blocks = units.iter().map(|unit| unit.blocks.len()).sum();
+    let mut placer = Placer::new(
+        replicas,
+        params,
+        max_share(&units, replicas.len(), params),
+        total_blocks,
+    );
     for unit in &units {
         placer.place(unit, &mut plan.assignments);
     }
@@ -112,7 +118,8 @@ struct Unit<'a> {
 
 /// Steps 1-3: group identical block sequences, keep the units, order them.
 fn form_units<'a>(batch: &[BatchRequest<'a>], min_colocate_blocks: usize) -> Vec<Unit<'a>> {
-    let mut group_of: HashMap<Chain<'a>, usize, BuildBlockHasher> = HashMap::default();
+    let mut group_of: HashMap<Chain<'a>, usize, BuildBlockHasher> =
+        HashMap::with_capacity_and_hasher(batch.len(), BuildBlockHasher::default());
     let mut groups: Vec<Unit<'a>> = Vec::new();
     for (index, request) in batch.iter().enumerate() {
         if request.blocks.is_empty() {
@@ -176,8 +183,11 @@ struct Placer<'a> {
     params: &'a PlanParams,
     max_share: u64,
     load: Vec<u64>,
-    /// For every block placed in this window, the replicas that hold it.
-    holders: HashMap<BlockHash, Vec<usize>, BuildBlockHasher>,
+    /// For every block placed in this window, the head of its list of holders in
+    /// `holder_nodes` (an arena: one allocation per window, not one per block).
+    holders: HashMap<BlockHash, u32, BuildBlockHasher>,
+    /// Singly linked lists of the replicas holding a block: (replica, next node or `NO_NODE`).
+    holder_nodes: Vec<(u32, u32)>,
     /// Scratch, per replica: leading blocks of the current unit it holds.
     matches: Vec<usize>,
     /// Scratch, per replica: members of the current unit placed on it.
@@ -187,13 +197,19 @@ struct Placer<'a> {
 }
 
 impl<'a> Placer<'a> {
-    fn new(replicas: &'a [Replica<'a>], params: &'a PlanParams, max_share: u64) -> Self {
+    fn new(
+        replicas: &'a [Replica<'a>],
+        params: &'a PlanParams,
+        max_share: u64,
+        total_blocks: usize,
+    ) -> Self {
         Placer {
             replicas,
             params,
             max_share,
             load: vec![0; replicas.len()],
-            holders: HashMap::default(),
+            holders: HashMap::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
+            holder_nodes: Vec::with_capacity(total_blocks),
             matches: vec![0; replicas.len()],
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
@@ -228,16 +244,35 @@ impl<'a> Placer<'a> {
                 .expect("at least one replica");
             self.put(unit, member, replica, assignments);
         }
-        for &replica in &self.touched {
+        for i in 0..self.touched.len() {
+            let replica = self.touched[i];
             for &block in unit.blocks {
-                let holders = self.holders.entry(block).or_default();
-                if !holders.contains(&replica) {
-                    holders.push(replica);
-                }
+                self.record_holder(block, replica);
             }
             self.members_here[replica] = 0;
         }
         self.touched.clear();
+    }
+
+    fn record_holder(&mut self, block: BlockHash, replica: usize) {
+        let next = self.holder_nodes.len() as u32;
+        let replica = replica as u32;
+        let head = match self.holders.get(&block) {
+            Some(&head) if self.holder_list(head).any(|r| r == replica as usize) => return,
+            Some(&head) => head,
+            None => NO_NODE,
+        };
+        self.holder_nodes.push((replica, head));
+        self.holders.insert(block, next);
+    }
+
+    /// The replicas on the list starting at `node`.
+    fn holder_list(&self, mut node: u32) -> impl Iterator<Item = usize> + '_ {
+        std::iter::from_fn(move || {
+            let (replica, next) = *self.holder_nodes.get(node as usize)?;
+            node = next;
+            Some(replica as usize)
+        })
     }
 
     /// The replica a unit starts on: the longest held prefix (>= N) among replicas under the fair
@@ -292,13 +327,13 @@ impl<'a> Placer<'a> {
         self.matches.fill(0);
         let mut live: Vec<usize> = Vec::new();
         for (depth, block) in blocks.iter().enumerate() {
-            let Some(holders) = self.holders.get(block) else {
+            let Some(&head) = self.holders.get(block) else {
                 break;
             };
             if depth == 0 {
-                live.extend_from_slice(holders);
+                live.extend(self.holder_list(head));
             } else {
-                live.retain(|r| holders.contains(r));
+                live.retain(|&r| self.holder_list(head).any(|h| h == r));
             }
             if live.is_empty() {
                 break;
@@ -327,6 +362,9 @@ impl<'a> Placer<'a> {
             .min_by(|&a, &b| self.tie_break(a, b))
     }
 }
+
+/// The end of a holder list.
+const NO_NODE: u32 = u32::MAX;
 
 /// A block-hash sequence as a map key. Chained hashes make the last block stand for the whole
 /// sequence, so only it (and the length) is hashed; equality still compares every block.

@@ -76,6 +76,7 @@ pub fn hash_prompts(
     let seed = chain_seed(model, cache_salt);
     let block_bytes = spec.block_size_tokens * 4;
     let mut budget = spec.max_blocks;
+    #[cfg(not(target_endian = "little"))]
     let mut token_bytes = Vec::new();
     let mut chains = Vec::new();
     for prompt in prompts {
@@ -84,6 +85,10 @@ pub fn hash_prompts(
         }
         let bytes: &[u8] = match prompt {
             Prompt::Text(text) => text.as_bytes(),
+            // On little-endian machines the token slice already is its LE bytes: no copy.
+            #[cfg(target_endian = "little")]
+            Prompt::Tokens(tokens) => bytemuck::cast_slice(tokens),
+            #[cfg(not(target_endian = "little"))]
             Prompt::Tokens(tokens) => {
                 token_bytes.clear();
                 token_bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));

@@ -1,0 +1,261 @@
+//! Helpers shared by the integration tests: the project's binaries as child processes, and
+//! waiting for a condition with a deadline.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use burst_prefix_api::policy::BurstPrefixPolicy;
+use burst_prefix_api::ProducerConfig;
+use burst_prefix_test_support::ControlPlane;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{json, Value};
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A binary of this workspace, built by `cargo test --workspace` (which `make test` runs) next
+/// to the test executables.
+pub fn binary(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().expect("test executable path");
+    let path = deps
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `make test` (or `cargo build --workspace --bins` first)",
+        path.display()
+    );
+    path
+}
+
+/// A child process killed (and reaped) on drop, even when the test panics; its output goes to a
+/// log file whose tail a failing test can print.
+pub struct Process {
+    child: Child,
+    pub log: PathBuf,
+    name: String,
+}
+
+impl Process {
+    pub fn spawn(name: &str, command: &mut Command, log_dir: &Path) -> Process {
+        let log = log_dir.join(format!(
+            "{name}-{}.log",
+            std::process::id() as u64 ^ rand_suffix()
+        ));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Process {
+            child,
+            log,
+            name: name.to_string(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Has it exited? With which code?
+    pub fn exit_code(&mut self) -> Option<Option<i32>> {
+        self.child.try_wait().ok().flatten().map(|s| s.code())
+    }
+
+    pub fn signal(&self, signal: i32) {
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(code) = self.exit_code() {
+                return code;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "{} did not exit within {timeout:?}; log:\n{}",
+            self.name,
+            self.log_text()
+        );
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Applies the project's CRD with kubectl, as a user would, and waits until it is served.
+pub fn install_crd(control_plane: &ControlPlane) {
+    let output = control_plane
+        .kubectl()
+        .args(["apply", "--server-side", "-f"])
+        .arg(repo().join("crds/burstprefixpolicies.yaml"))
+        .output()
+        .expect("run kubectl");
+    assert!(
+        output.status.success(),
+        "kubectl apply CRD: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = control_plane
+        .kubectl()
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/burstprefixpolicies.burstprefix.io",
+        ])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        output.status.success(),
+        "CRD not established: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn start_operator(control_plane: &ControlPlane, namespace: &str, extra: &[&str]) -> Process {
+    let mut command = Command::new(binary("burst-prefix-operator"));
+    command
+        .env("KUBECONFIG", control_plane.kubeconfig())
+        .args(["run", "--watch-namespace", namespace])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(extra);
+    Process::spawn("operator", &mut command, control_plane.dir())
+}
+
+pub async fn create_policy(client: &Client, namespace: &str, name: &str, spec: Value) {
+    let policy: BurstPrefixPolicy = serde_json::from_value(json!({
+        "apiVersion": "burstprefix.io/v1alpha1",
+        "kind": "BurstPrefixPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<BurstPrefixPolicy>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+}
+
+pub async fn create_pod(client: &Client, namespace: &str, name: &str, app: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+/// Stands in for the kubelet: sets the pod's IP and its Ready condition.
+pub async fn set_pod_status(client: &Client, namespace: &str, name: &str, ip: &str, ready: bool) {
+    let patch = json!({"status": {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+    }});
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+pub async fn producer_config(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Option<ProducerConfig> {
+    let config_map = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .ok()??;
+    ProducerConfig::from_yaml(config_map.data?.get("config.yaml")?).ok()
+}
+
+pub async fn endpoint_ids(client: &Client, namespace: &str) -> Option<Vec<String>> {
+    let config = producer_config(client, namespace, "rl-producer").await?;
+    Some(config.endpoints.into_iter().map(|e| e.id).collect())
+}
+
+pub async fn condition(
+    client: &Client,
+    namespace: &str,
+    policy: &str,
+    type_: &str,
+) -> Option<(String, String)> {
+    let policy = Api::<BurstPrefixPolicy>::namespaced(client.clone(), namespace)
+        .get(policy)
+        .await
+        .ok()?;
+    let condition = policy
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((condition.status, condition.reason))
+}

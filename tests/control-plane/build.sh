@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the integration tests run against: kube-apiserver,
+# etcd and helm, from the Go wrapper modules beside this script (versions pinned in their go.mod
+# files), plus kubectl when the machine has none.
+#
+# The binaries go to a cache directory named after the versions, so a warm run only checks that
+# they are there:
+#   ${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}/control-plane/k8s-<v>_etcd-<v>_helm-<v>/bin
+# Each binary is written under a temporary name and renamed when it is complete and reports the
+# expected version, so an interrupted build is never taken as done.
+#
+# Usage:
+#   build.sh                  build whatever is missing (a cold build takes several minutes)
+#   build.sh --print-bin-dir  print the bin directory and exit (builds nothing)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+# The module versions are the single source of truth: read them from the wrapper modules.
+module_version() { # <wrapper dir> <module path>
+    local v
+    v="$(awk -v m="$2" '$1 == m { print $2; exit }' "$here/$1/go.mod")"
+    [[ -n "$v" ]] || { echo "build.sh: $2 is not required in $here/$1/go.mod" >&2; exit 1; }
+    echo "$v"
+}
+k8s_version="$(module_version kubernetes k8s.io/kubernetes)"
+etcd_version="$(module_version etcd go.etcd.io/etcd/server/v3)"
+helm_version="$(module_version helm helm.sh/helm/v4)"
+
+cache_root="${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}"
+bin_dir="$cache_root/control-plane/k8s-${k8s_version}_etcd-${etcd_version}_helm-${helm_version}/bin"
+
+if [[ "${1:-}" == "--print-bin-dir" ]]; then
+    echo "$bin_dir"
+    exit 0
+elif [[ $# -gt 0 ]]; then
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+fi
+
+# Stay on the machine's Go: the wrapper modules must build with it.
+export GOTOOLCHAIN=local
+# Static binaries, as Kubernetes releases them; no VCS stamping (there is no VCS in the module cache).
+export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+
+mkdir -p "$bin_dir"
+
+# go_build <name> <wrapper dir> <package> <expected version> <version command...> -- <go build flags...>
+go_build() {
+    local name="$1" dir="$2" pkg="$3" want="$4"
+    shift 4
+    local -a version_cmd=()
+    while [[ "$1" != "--" ]]; do version_cmd+=("$1"); shift; done
+    shift
+
+    local target="$bin_dir/$name"
+    if [[ -x "$target" ]]; then
+        echo "control-plane: $name $want is already built ($target)"
+        return
+    fi
+    local tmp="$bin_dir/.$name.tmp.$$"
+    trap "rm -f '$tmp'" EXIT
+    echo "control-plane: building $name $want (cold build, can take several minutes on 2 cores)..."
+    local start=$SECONDS
+    (cd "$here/$dir" && go build -trimpath -o "$tmp" "$@" "$pkg")
+    local got
+    got="$("$tmp" "${version_cmd[@]}" 2>&1 | head -n 3)"
+    if [[ "$got" != *"$want"* ]]; then
+        echo "control-plane: $name was built but reports '$got', expected $want" >&2
+        exit 1
+    fi
+    mv -f "$tmp" "$target"
+    trap - EXIT
+    echo "control-plane: built $name $want in $((SECONDS - start))s"
+}
+
+k8s_minor="${k8s_version#v1.}"
+k8s_minor="${k8s_minor%%.*}"
+k8s_ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
+    k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+# The tags Kubernetes' own release build uses (hack/lib/golang.sh).
+k8s_tags="selinux,notest,grpcnotrace"
+
+go_build etcd etcd go.etcd.io/etcd/server/v3 "${etcd_version#v}" --version -- \
+    -ldflags "-s -w"
+
+go_build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$k8s_version" --version -- \
+    -tags "$k8s_tags" -ldflags "-s -w $k8s_ldflags"
+
+go_build helm helm helm.sh/helm/v4/cmd/helm "$helm_version" version --short -- \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
+
+# kubectl: the machine's own when it has one (any release within the usual version skew works
+# for the tests), otherwise built from the same Kubernetes release.
+machine_kubectl="$(command -v kubectl || true)"
+if [[ -x "$bin_dir/kubectl" && -L "$bin_dir/kubectl" ]]; then
+    echo "control-plane: kubectl is the machine's ($(readlink "$bin_dir/kubectl"))"
+elif [[ ! -e "$bin_dir/kubectl" && -n "$machine_kubectl" ]]; then
+    ln -sfn "$machine_kubectl" "$bin_dir/kubectl"
+    echo "control-plane: using the machine's kubectl ($machine_kubectl)"
+else
+    rm -f "$bin_dir/kubectl" # a dangling link to a kubectl that has gone
+    go_build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$k8s_version" version --client -- \
+        -tags "$k8s_tags" -ldflags "-s -w $k8s_ldflags"
+fi
+
+echo "control-plane: binaries ready in $bin_dir"
