@@ -6,7 +6,7 @@ CONTROL_PLANE_BUILD := tests/control-plane/build.sh
 # Where the integration tests find it (crates/test-support reads this, or asks build.sh itself).
 export BURST_PREFIX_CONTROL_PLANE_BIN := $(shell $(CONTROL_PLANE_BUILD) --print-bin-dir)
 
-.PHONY: test lint unit control-plane demo bench crds
+.PHONY: test lint unit control-plane demo bench crds e2e-kind
 
 test: control-plane lint unit
 
@@ -31,3 +31,8 @@ bench:
 crds:
 	$(CARGO) run -q --locked -p burst-prefix-operator -- crd > crds/burstprefixpolicies.yaml
 	cp crds/burstprefixpolicies.yaml charts/burst-prefix/crds/burstprefixpolicies.yaml
+
+# End to end on a kind cluster: builds both images, installs the chart, sends a burst. Needs
+# Docker, kind, kubectl, helm and curl; not part of `make test`.
+e2e-kind:
+	tests/e2e/kind.sh

@@ -156,8 +156,22 @@ pub fn error_policy(policy: Arc<BurstPrefixPolicy>, error: &Error, ctx: Arc<Cont
     Action::requeue(Duration::from_secs(5))
 }
 
+/// Fails fast, with the fix, when the CRD is missing.
+pub async fn check_crd(policies: &Api<BurstPrefixPolicy>) -> Result<()> {
+    match policies.list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing),
+        Err(other) => Err(Error::Kube(other)),
+    }
+}
+
 /// Runs the controller until the streams end. `namespace` limits every watch to one namespace.
-pub async fn run(client: Client, metrics: Metrics, namespace: Option<String>) -> Result<()> {
+pub async fn run(
+    client: Client,
+    metrics: Metrics,
+    namespace: Option<String>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<()> {
     fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
@@ -169,20 +183,7 @@ pub async fn run(client: Client, metrics: Metrics, namespace: Option<String>) ->
         }
     }
     let policies: Api<BurstPrefixPolicy> = api(&client, &namespace);
-    // Fail fast, with the fix, when the CRD is missing.
-    if let Err(error) = policies.list(&ListParams::default().limit(1)).await {
-        return Err(match error {
-            kube::Error::Api(ref status) if status.code == 404 => Error::Kube(kube::Error::Api(
-                kube::core::Status::failure(
-                    "the BurstPrefixPolicy CRD is not installed: kubectl apply --server-side -f crds/burstprefixpolicies.yaml (or helm install the chart)",
-                    "NotFound",
-                )
-                .with_code(404)
-                .boxed(),
-            )),
-            other => Error::Kube(other),
-        });
-    }
+    check_crd(&policies).await?;
     let pool_api_present = kube::discovery::pinned_kind(
         &client,
         &GroupVersionKind::gvk("inference.networking.k8s.io", "v1", "InferencePool"),
@@ -250,6 +251,8 @@ pub async fn run(client: Client, metrics: Metrics, namespace: Option<String>) ->
             });
     }
     let context = Arc::new(Context { client, metrics });
+    // Ready once the CRD is there and the watches are set up.
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
     controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, context)

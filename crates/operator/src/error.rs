@@ -12,6 +12,8 @@ pub enum Error {
     InvalidSelector(String),
     #[error("policy has no namespace")]
     NoNamespace,
+    #[error("the BurstPrefixPolicy CRD is not installed: kubectl apply --server-side -f crds/burstprefixpolicies.yaml (or helm install the chart)")]
+    CrdMissing,
 }
 
 impl Error {
@@ -22,6 +24,7 @@ impl Error {
             Error::InvalidPool { .. } => "invalid_pool",
             Error::InvalidSelector(_) => "invalid_selector",
             Error::NoNamespace => "no_namespace",
+            Error::CrdMissing => "crd_missing",
         }
     }
 }

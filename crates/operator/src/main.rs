@@ -2,7 +2,10 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use burst_prefix_operator::controller;
@@ -121,16 +124,34 @@ async fn run(args: RunArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.admin_listen))?;
     let admin_metrics = metrics.clone();
+    let ready = Arc::new(AtomicBool::new(false));
+    let readiness = ready.clone();
     let admin = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        // Ready once the CRD was found and the watches are running (followers too).
+        .route(
+            "/readyz",
+            get(move || async move {
+                if readiness.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                }
+            }),
+        )
         .route(
             "/metrics",
             get(move || async move { admin_metrics.render() }),
         );
-    info!(address = %args.admin_listen, "admin endpoints /healthz and /metrics");
+    info!(address = %args.admin_listen, "admin endpoints /healthz, /readyz and /metrics");
     tokio::spawn(async move { axum::serve(listener, admin).await });
 
-    let controller = controller::run(client.clone(), metrics.clone(), args.watch_namespace);
+    let controller = controller::run(
+        client.clone(),
+        metrics.clone(),
+        args.watch_namespace.clone(),
+        ready.clone(),
+    );
     if !args.leader_elect {
         return controller.await.map_err(|e| e.to_string());
     }
@@ -138,6 +159,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
         std::env::var("HOSTNAME")
             .unwrap_or_else(|_| format!("burst-prefix-operator-{}", std::process::id()))
     });
+    let client_for_check = client.clone();
     let manager = LeaseManagerBuilder::new(client, &args.lease_name)
         .with_namespace(&args.lease_namespace)
         .with_identity(&identity)
@@ -147,6 +169,15 @@ async fn run(args: RunArgs) -> Result<(), String> {
         .build()
         .await
         .map_err(|e| format!("cannot set up the leader lease: {e}"))?;
+    // A follower is ready too (it stands by); only the CRD must be there.
+    let policies = match &args.watch_namespace {
+        Some(ns) => kube::Api::namespaced(client_for_check.clone(), ns),
+        None => kube::Api::all(client_for_check.clone()),
+    };
+    controller::check_crd(&policies)
+        .await
+        .map_err(|e| e.to_string())?;
+    ready.store(true, Ordering::Relaxed);
     let (mut leading, _lease_task) = manager.watch().await;
     info!(lease = %format!("{}/{}", args.lease_namespace, args.lease_name), %identity, "waiting for the leader lease");
     while !*leading.borrow_and_update() {
