@@ -132,7 +132,7 @@ where
         if Instant::now() > deadline {
             panic!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use burst_prefix_api::PlannerConfig;
 use burst_prefix_producer::batch::{plan_input, PlanInput};
 use burst_prefix_producer::request::InferenceRequest;
+use burst_prefix_producer::{demo, serve};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -44,20 +45,39 @@ enum Command {
     /// Output: {"assignments": [{"id": "...", "endpoint": "..." or null, "totalBlocks": n}]},
     /// in request order.
     Plan,
+    /// Run the producer service: POST /v1/produce, POST /v1/plan, GET /v1/endpoints on
+    /// --listen; /healthz, /readyz, /metrics on --admin-listen.
+    ///
+    /// Requests are collected into fixed windows of windowDurationMs, planned together, and
+    /// answered with per-endpoint prefix matches. The config comes from --config FILE or
+    /// --configmap NAMESPACE/NAME and is reloaded on change. SIGTERM/SIGINT answer the open
+    /// window and exit 0; a startup failure exits 2.
+    Serve(serve::ServeArgs),
+    /// Start the service in-process on a built-in config with 4 fake replicas, send it one GRPO
+    /// rollout burst over loopback HTTP, and print where it landed and the prefill it saved.
+    Demo(demo::DemoArgs),
+    /// Simulate a cluster's prefix caches under round-robin, least-loaded, approx-prefix,
+    /// cache-aware and burst placement on the same workload, and compare their prefill.
+    Simulate(burst_prefix_simulator::cli::SimulateArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => return serve::run(args),
+        Command::Demo(args) => return demo::run(args),
         Command::Hash {
             block_size_tokens,
             max_prefix_tokens,
         } => hash(block_size_tokens, max_prefix_tokens),
         Command::Plan => plan(),
+        Command::Simulate(args) => burst_prefix_simulator::cli::run(&args),
     };
     match result {
         Ok(output) => {
-            println!("{output}");
+            // A closed stdout (`... | head`) is not an error worth a panic.
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "{output}");
             ExitCode::SUCCESS
         }
         Err(message) => {

@@ -105,3 +105,48 @@ fn invalid_input_exits_2_with_one_line() {
         assert!(stderr.contains(needle), "{stderr} lacks {needle}");
     }
 }
+
+#[test]
+fn demo_reports_where_the_burst_landed_and_exits_0() {
+    let (code, stdout, stderr) = run(&["demo"], "");
+    assert_eq!(code, 0, "{stderr}");
+    for needle in [
+        "6 prompts x 8 samples",
+        "demo/vllm-0-rank-0",
+        "demo/vllm-3-rank-0",
+        "no affinity",
+        "round-robin",
+        "less prefill",
+    ] {
+        assert!(stdout.contains(needle), "{needle} missing in\n{stdout}");
+    }
+    // When the burst made one window (it does unless the machine is very slow), every rollout
+    // prompt landed whole on one replica.
+    if stdout.contains("answered by 1 window(s)") {
+        for p in 1..=6 {
+            assert!(stdout.contains(&format!("prompt {p} x8")), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn serve_help_documents_every_flag_and_its_default() {
+    let (code, stdout, _) = run(&["serve", "--help"], "");
+    assert_eq!(code, 0);
+    for needle in [
+        "--listen",
+        "[default: 0.0.0.0:8080]",
+        "--admin-listen",
+        "[default: 0.0.0.0:9090]",
+        "--config <FILE>",
+        "--configmap <NAMESPACE/NAME>",
+        "--config-poll-ms",
+        "--max-body-bytes",
+        "[default: 8388608]",
+        "--log-format",
+        "--log-level",
+        "BURST_PREFIX_LISTEN",
+    ] {
+        assert!(stdout.contains(needle), "{needle} missing in\n{stdout}");
+    }
+}

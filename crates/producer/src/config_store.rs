@@ -1,0 +1,220 @@
+//! The config in force: the last good [`ProducerConfig`], its generation and where it came from.
+//!
+//! Every source (a file, a ConfigMap, the built-in demo config) hands its text to
+//! [`ConfigStore::apply_text`]: a valid, changed config becomes the next generation; an invalid
+//! one is rejected, logged and counted, and the last good config stays. The window snapshots
+//! [`ConfigStore::current`] when it opens, so a change applies from the next window.
+
+use std::sync::{Arc, RwLock};
+
+use burst_prefix_api::producer_config::ProducerConfigError;
+use burst_prefix_api::ProducerConfig;
+use serde::Serialize;
+
+use crate::metrics::Metrics;
+
+/// Where the config comes from (shown by `GET /v1/endpoints`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum ConfigSource {
+    /// `--config FILE`, polled for changes.
+    File { path: String },
+    /// `--configmap NAMESPACE/NAME`, key `config.yaml`, watched through the Kubernetes API.
+    #[serde(rename = "configMap")]
+    ConfigMap {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    /// The built-in demo config of `burst-prefix-producer demo`.
+    Demo,
+}
+
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigSource::File { path } => write!(f, "file {path}"),
+            ConfigSource::ConfigMap {
+                namespace,
+                name,
+                key,
+            } => write!(f, "configmap {namespace}/{name} key {key}"),
+            ConfigSource::Demo => write!(f, "built-in demo config"),
+        }
+    }
+}
+
+/// One accepted config. Immutable: a window holds its snapshot while it is open.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub config: ProducerConfig,
+    /// 1 for the first accepted config, +1 for each accepted change.
+    pub generation: u64,
+}
+
+/// What [`ConfigStore::apply_text`] did with a valid config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// In force now, as this generation.
+    Accepted(u64),
+    /// Equal to the config in force (this generation): nothing changed, nothing counted.
+    Unchanged(u64),
+}
+
+pub struct ConfigStore {
+    source: ConfigSource,
+    current: RwLock<Option<Arc<Snapshot>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl ConfigStore {
+    /// A store with no config yet (not ready until a source delivers one).
+    pub fn new(source: ConfigSource, metrics: Arc<Metrics>) -> Self {
+        ConfigStore {
+            source,
+            current: RwLock::new(None),
+            metrics,
+        }
+    }
+
+    pub fn source(&self) -> &ConfigSource {
+        &self.source
+    }
+
+    /// The config in force, if one was accepted.
+    pub fn current(&self) -> Option<Arc<Snapshot>> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Ready to serve: a valid config with at least one endpoint is in force.
+    pub fn ready(&self) -> bool {
+        self.current()
+            .is_some_and(|snapshot| !snapshot.config.endpoints.is_empty())
+    }
+
+    /// Parses, validates and applies one config text (YAML or JSON).
+    pub fn apply_text(&self, text: &str) -> Result<Applied, ProducerConfigError> {
+        match ProducerConfig::from_yaml(text) {
+            Ok(config) => Ok(self.apply_valid(config)),
+            Err(error) => {
+                self.reject(&error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Applies a config object (validated here too).
+    pub fn apply(&self, config: ProducerConfig) -> Result<Applied, ProducerConfigError> {
+        match config.validate() {
+            Ok(()) => Ok(self.apply_valid(config)),
+            Err(error) => {
+                let error = ProducerConfigError::from(error);
+                self.reject(&error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Counts and logs an update that could not even be read as a config text (e.g. a
+    /// ConfigMap without the key); the last good config stays in force.
+    pub fn reject(&self, reason: &str) {
+        self.metrics.config_reload(false);
+        let generation = self.current().map_or(0, |snapshot| snapshot.generation);
+        tracing::warn!(
+            source = %self.source,
+            in_force = generation,
+            error = reason,
+            "config update rejected; the last good config stays in force"
+        );
+    }
+
+    fn apply_valid(&self, config: ProducerConfig) -> Applied {
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(snapshot) = current.as_ref() {
+            if snapshot.config == config {
+                return Applied::Unchanged(snapshot.generation);
+            }
+        }
+        let generation = current.as_ref().map_or(0, |s| s.generation) + 1;
+        let endpoints = config.endpoints.len();
+        *current = Some(Arc::new(Snapshot { config, generation }));
+        drop(current);
+        self.metrics.config_reload(true);
+        self.metrics
+            .endpoints
+            .set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+        tracing::info!(
+            source = %self.source,
+            generation,
+            endpoints,
+            "config accepted; it applies from the next window"
+        );
+        Applied::Accepted(generation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (ConfigStore, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        (
+            ConfigStore::new(ConfigSource::Demo, metrics.clone()),
+            metrics,
+        )
+    }
+
+    fn reloads(metrics: &Metrics, result: &str) -> bool {
+        let text = metrics.render();
+        text.lines().any(|line| {
+            line == format!("burst_prefix_config_reloads_total{{result=\"{result}\"}} 1")
+        })
+    }
+
+    #[test]
+    fn good_configs_become_generations_and_bad_ones_are_counted() {
+        let (store, metrics) = store();
+        assert!(!store.ready());
+        assert_eq!(
+            store.apply_text("endpoints: []\n").unwrap(),
+            Applied::Accepted(1)
+        );
+        assert!(!store.ready(), "no endpoints: not ready");
+        let good = "endpoints:\n  - {id: a, address: '10.0.0.1:8000'}\n";
+        assert_eq!(store.apply_text(good).unwrap(), Applied::Accepted(2));
+        assert!(store.ready());
+        assert_eq!(store.apply_text(good).unwrap(), Applied::Unchanged(2));
+
+        let err = store.apply_text("maxPerReplica: 0\n").unwrap_err();
+        assert!(err.to_string().contains("maxPerReplica is 0"), "{err}");
+        assert!(reloads(&metrics, "rejected"));
+        let current = store.current().unwrap();
+        assert_eq!(current.generation, 2);
+        assert_eq!(current.config.endpoints[0].id, "a");
+        assert!(metrics.render().contains("burst_prefix_endpoints 1"));
+    }
+
+    #[test]
+    fn the_source_serializes_with_its_kind() {
+        let source = ConfigSource::ConfigMap {
+            namespace: "ns".into(),
+            name: "cm".into(),
+            key: "config.yaml".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&source).unwrap(),
+            serde_json::json!({"kind": "configMap", "namespace": "ns", "name": "cm", "key": "config.yaml"})
+        );
+        assert_eq!(
+            serde_json::to_value(ConfigSource::Demo).unwrap(),
+            serde_json::json!({"kind": "demo"})
+        );
+    }
+}

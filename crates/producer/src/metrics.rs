@@ -1,0 +1,207 @@
+//! The producer's Prometheus metrics, in its own [`Registry`] (never the global one), served on
+//! the admin port as `GET /metrics`.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// How a `POST /v1/produce` request ended (`burst_prefix_requests_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Planned onto a replica.
+    Assigned,
+    /// Planned, but no replica was chosen (a lone request, no tokens, or not allowed there).
+    NoAffinity,
+    /// Refused with an error status (bad input, window full, no endpoints, shutting down).
+    Rejected,
+    /// The client went away before its window was sealed; removed from the batch.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Assigned => "assigned",
+            Outcome::NoAffinity => "no_affinity",
+            Outcome::Rejected => "rejected",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    pub window_size: Histogram,
+    pub window_plan_seconds: Histogram,
+    pub request_wait_seconds: Histogram,
+    units: IntCounterVec,
+    pub endpoints: IntGauge,
+    config_reloads: IntCounterVec,
+    /// Requests in the open window right now (0 when none is open).
+    pub window_open_requests: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_requests_total",
+                "POST /v1/produce requests by outcome: assigned, no_affinity, rejected, cancelled",
+            ),
+            &["outcome"],
+        )
+        .unwrap();
+        let window_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "burst_prefix_window_size",
+                "Requests planned per window (cancelled ones excluded)",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0,
+            ]),
+        )
+        .unwrap();
+        let window_plan_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "burst_prefix_window_plan_seconds",
+                "Time to plan one sealed window",
+            )
+            .buckets(prometheus::exponential_buckets(0.000_01, 4.0, 10).unwrap()),
+        )
+        .unwrap();
+        let request_wait_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "burst_prefix_request_wait_seconds",
+                "Time from joining a window to being released with the plan",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+        )
+        .unwrap();
+        let units = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_units_total",
+                "Placement units formed: group (identical prompts) or single (prefix-sharing request)",
+            ),
+            &["kind"],
+        )
+        .unwrap();
+        let endpoints =
+            IntGauge::new("burst_prefix_endpoints", "Endpoints in the config in force").unwrap();
+        let config_reloads = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_config_reloads_total",
+                "Config updates by result: accepted, rejected (the last good config stays)",
+            ),
+            &["result"],
+        )
+        .unwrap();
+        let window_open_requests = IntGauge::new(
+            "burst_prefix_window_open_requests",
+            "Requests waiting in the open window",
+        )
+        .unwrap();
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(window_size.clone()),
+            Box::new(window_plan_seconds.clone()),
+            Box::new(request_wait_seconds.clone()),
+            Box::new(units.clone()),
+            Box::new(endpoints.clone()),
+            Box::new(config_reloads.clone()),
+            Box::new(window_open_requests.clone()),
+        ] {
+            registry.register(collector).unwrap();
+        }
+        // Every label value exists from the start, so dashboards and tests see zeros.
+        for outcome in [
+            Outcome::Assigned,
+            Outcome::NoAffinity,
+            Outcome::Rejected,
+            Outcome::Cancelled,
+        ] {
+            requests.with_label_values(&[outcome.label()]);
+        }
+        for kind in ["group", "single"] {
+            units.with_label_values(&[kind]);
+        }
+        for result in ["accepted", "rejected"] {
+            config_reloads.with_label_values(&[result]);
+        }
+        Metrics {
+            registry,
+            requests,
+            window_size,
+            window_plan_seconds,
+            request_wait_seconds,
+            units,
+            endpoints,
+            config_reloads,
+            window_open_requests,
+        }
+    }
+
+    pub fn request(&self, outcome: Outcome) {
+        self.requests.with_label_values(&[outcome.label()]).inc();
+    }
+
+    pub fn requests(&self, outcome: Outcome, count: u64) {
+        self.requests
+            .with_label_values(&[outcome.label()])
+            .inc_by(count);
+    }
+
+    pub fn units(&self, groups: u64, singles: u64) {
+        self.units.with_label_values(&["group"]).inc_by(groups);
+        self.units.with_label_values(&["single"]).inc_by(singles);
+    }
+
+    pub fn config_reload(&self, accepted: bool) {
+        let result = if accepted { "accepted" } else { "rejected" };
+        self.config_reloads.with_label_values(&[result]).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("text encoding into memory cannot fail");
+        String::from_utf8(buffer).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fixed_name_is_exposed_from_the_start() {
+        let text = Metrics::new().render();
+        for line in [
+            "burst_prefix_requests_total{outcome=\"assigned\"} 0",
+            "burst_prefix_requests_total{outcome=\"no_affinity\"} 0",
+            "burst_prefix_requests_total{outcome=\"rejected\"} 0",
+            "burst_prefix_requests_total{outcome=\"cancelled\"} 0",
+            "burst_prefix_units_total{kind=\"group\"} 0",
+            "burst_prefix_units_total{kind=\"single\"} 0",
+            "burst_prefix_config_reloads_total{result=\"accepted\"} 0",
+            "burst_prefix_config_reloads_total{result=\"rejected\"} 0",
+            "burst_prefix_endpoints 0",
+            "burst_prefix_window_size_count 0",
+            "burst_prefix_window_plan_seconds_count 0",
+            "burst_prefix_request_wait_seconds_count 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Helpers shared by the producer's integration tests: an in-process service on loopback, the
+//! real binary as a child process, and small HTTP and metrics helpers.
+#![allow(dead_code)] // Each test binary uses its own part of this.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burst_prefix_producer::app::App;
+use burst_prefix_producer::config_store::ConfigSource;
+use burst_prefix_producer::serve::Service;
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+/// How long any wait for an event may take before the test fails (generous: a loaded machine).
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `n` endpoints `ns/p{i}-rank-0`, as YAML lines for `endpoints:`.
+pub fn endpoints(n: usize) -> String {
+    let mut text = String::from("endpoints:\n");
+    for i in 1..=n {
+        text.push_str(&format!(
+            "  - {{id: ns/p{i}-rank-0, address: '10.0.0.{i}:8000'}}\n"
+        ));
+    }
+    text
+}
+
+/// The service in-process on loopback ports, with `yaml` as its config.
+pub struct Local {
+    pub service: Service,
+    pub base: String,
+    pub admin: String,
+    pub client: reqwest::Client,
+}
+
+impl Local {
+    pub async fn start(yaml: &str) -> Local {
+        Self::start_with_limit(yaml, burst_prefix_producer::app::DEFAULT_MAX_BODY_BYTES).await
+    }
+
+    pub async fn start_with_limit(yaml: &str, max_body_bytes: usize) -> Local {
+        let app = App::new(ConfigSource::Demo, max_body_bytes);
+        app.store.apply_text(yaml).expect("a valid test config");
+        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let service = Service::start(app, api, admin).unwrap();
+        Local {
+            base: format!("http://{}", service.api_addr),
+            admin: format!("http://{}", service.admin_addr),
+            service,
+            client: reqwest::Client::builder()
+                .timeout(PATIENCE)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    pub fn app(&self) -> &App {
+        &self.service.app
+    }
+
+    /// POSTs a body (raw bytes) and returns status, Retry-After, and the JSON answer.
+    pub async fn post(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, Option<String>, Value) {
+        post(&self.client, &format!("{}{path}", self.base), body).await
+    }
+
+    pub async fn produce(&self, body: &Value) -> (u16, Option<String>, Value) {
+        self.post("/v1/produce", body.to_string()).await
+    }
+
+    /// Waits until the open window holds `n` requests; returns its id.
+    pub async fn until_window_holds(&self, n: usize) -> u64 {
+        let started = Instant::now();
+        loop {
+            if let Some((id, live)) = self.app().window.open_requests() {
+                if live == n {
+                    return id;
+                }
+            }
+            assert!(started.elapsed() < PATIENCE, "the window never held {n}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        get_text(&self.client, &format!("{}/metrics", self.admin))
+            .await
+            .1
+    }
+}
+
+pub async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> (u16, Option<String>, Value) {
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = response.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {text}: {e}"));
+    (status, retry_after, json)
+}
+
+pub async fn get_text(client: &reqwest::Client, url: &str) -> (u16, String) {
+    let response = client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// The value of one sample line (`name{labels} value`) of a Prometheus text exposition.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} missing in\n{metrics}"))
+        .parse()
+        .unwrap()
+}
+
+/// A completions body.
+pub fn completion(prompt: &str) -> Value {
+    serde_json::json!({"model": "m", "prompt": prompt})
+}
+
+/// The real binary, serving on loopback ports it picked, with JSON logs captured.
+pub struct Binary {
+    pub child: Child,
+    pub base: String,
+    pub admin: String,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Binary {
+    pub fn serve(args: &[&str]) -> Binary {
+        Self::serve_with_env(args, &[])
+    }
+
+    pub fn serve_with_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Binary {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_burst-prefix-producer"))
+            .envs(env.iter().copied())
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--log-format", "json", "--log-level", "info"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the producer binary");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (found, listening) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let kept = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(event) = serde_json::from_str::<Value>(&line) {
+                    if event["message"] == "listening" {
+                        let _ = found.send((
+                            event["api"].as_str().unwrap_or_default().to_string(),
+                            event["admin"].as_str().unwrap_or_default().to_string(),
+                        ));
+                    }
+                }
+                kept.lock().unwrap().push(line);
+            }
+        });
+        let (api, admin) = listening.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+            panic!(
+                "the producer never listened:\n{}",
+                logs.lock().unwrap().join("\n")
+            )
+        });
+        Binary {
+            child,
+            base: format!("http://{api}"),
+            admin: format!("http://{admin}"),
+            logs,
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+
+    pub fn terminate(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    }
+
+    /// Waits for the process to exit; its exit code.
+    pub fn wait(&mut self) -> Option<i32> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "the producer did not exit:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        // A failed test must not leave the child running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

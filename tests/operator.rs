@@ -1,0 +1,421 @@
+//! The operator against a real kube-apiserver: policy → ConfigMap → real producer, pod churn,
+//! CRD validation, restoration of hand-edited children, and leader election.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Instant;
+
+use burst_prefix_api::policy::BurstPrefixPolicy;
+use burst_prefix_test_support::ControlPlane;
+use common::{
+    binary, condition, create_pod, create_policy, endpoint_ids, eventually, free_port, install_crd,
+    producer_config, set_pod_status, start_operator, Process, TIMEOUT,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::Api;
+use serde_json::{json, Value};
+
+/// The whole path: a policy and three pods become the producer's ConfigMap; the real producer
+/// reads it with its own ServiceAccount's RBAC and co-locates a burst on one pod; pod churn and
+/// deleted or edited children are reconciled.
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_pods_configmap_producer_and_churn() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let client = control_plane.client();
+    let ns = control_plane.namespace("operator").await.unwrap();
+    let operator = start_operator(control_plane, &ns, &[]);
+
+    create_policy(
+        &client,
+        &ns,
+        "rl",
+        json!({
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "targetPorts": [{"number": 8000}],
+            "windowDurationMs": 200,
+        }),
+    )
+    .await;
+    for i in 0..3 {
+        create_pod(&client, &ns, &format!("vllm-{i}"), "vllm").await;
+        set_pod_status(
+            &client,
+            &ns,
+            &format!("vllm-{i}"),
+            &format!("10.1.0.{}", i + 1),
+            true,
+        )
+        .await;
+    }
+    create_pod(&client, &ns, "web-0", "web").await;
+    set_pod_status(&client, &ns, "web-0", "10.1.9.9", true).await;
+
+    let expected: Vec<String> = (0..3).map(|i| format!("{ns}/vllm-{i}-rank-0")).collect();
+    eventually("three endpoints in the ConfigMap", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| *ids == expected)
+    })
+    .await;
+    let config = producer_config(&client, &ns, "rl-producer").await.unwrap();
+    assert_eq!(config.planner.window_duration_ms, 200);
+    assert_eq!(config.endpoints[0].address, "10.1.0.1:8000");
+
+    // Status: discovered and valid; the producer is not available until its Deployment says so
+    // (no kube-controller-manager runs here), so we set the Deployment status ourselves.
+    eventually("EndpointsDiscovered=True", TIMEOUT, || async {
+        condition(&client, &ns, "rl", "EndpointsDiscovered")
+            .await
+            .filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(
+        condition(&client, &ns, "rl", "Ready").await.unwrap(),
+        ("False".into(), "Unavailable".into())
+    );
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    deployments
+        .patch_status(
+            "rl-producer",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"status": {"replicas": 1, "availableReplicas": 1, "readyReplicas": 1}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("Ready=True", TIMEOUT, || async {
+        condition(&client, &ns, "rl", "Ready")
+            .await
+            .filter(|c| c.0 == "True")
+    })
+    .await;
+    let policy = Api::<BurstPrefixPolicy>::namespaced(client.clone(), &ns)
+        .get("rl")
+        .await
+        .unwrap();
+    let status = policy.status.unwrap();
+    assert_eq!(status.endpoints, 3);
+    assert_eq!(status.observed_generation, policy.metadata.generation);
+    assert_eq!(
+        status.producer_url.as_deref(),
+        Some(format!("http://rl-producer.{ns}.svc:8080").as_str())
+    );
+
+    // The real producer, out of cluster, with exactly the RBAC of the ServiceAccount the
+    // operator created for it.
+    let token = control_plane
+        .service_account_token(&ns, "rl-producer")
+        .await
+        .unwrap();
+    let kubeconfig = control_plane.kubeconfig_for("rl-producer", &token).unwrap();
+    let (api_port, admin_port) = (free_port(), free_port());
+    let mut command = Command::new(binary("burst-prefix-producer"));
+    command
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["serve", "--configmap", &format!("{ns}/rl-producer")])
+        .args(["--listen", &format!("127.0.0.1:{api_port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
+    let producer = Process::spawn("producer", &mut command, control_plane.dir());
+    let http = reqwest::Client::new();
+    eventually("the producer to be ready", TIMEOUT, || async {
+        let response = http
+            .get(format!("http://127.0.0.1:{admin_port}/readyz"))
+            .send()
+            .await
+            .ok()?;
+        response.status().is_success().then_some(())
+    })
+    .await;
+    let burst = (0..8).map(|_| {
+        let http = http.clone();
+        async move {
+            http.post(format!("http://127.0.0.1:{api_port}/v1/produce"))
+                .json(&json!({"model": "llama", "prompt": "Solve step by step: what is 17 * 23? ".repeat(40)}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    let answers = futures::future::join_all(burst).await;
+    let assigned: BTreeSet<String> = answers
+        .iter()
+        .map(|a| {
+            a["assignedEndpoint"]
+                .as_str()
+                .unwrap_or_else(|| {
+                    panic!("no assignment: {a}; producer log:\n{}", producer.log_text())
+                })
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        assigned.len(),
+        1,
+        "the burst co-locates on one endpoint: {answers:?}"
+    );
+    let endpoint = assigned.into_iter().next().unwrap();
+    assert!(
+        expected.contains(&endpoint),
+        "{endpoint} is a real pod's endpoint"
+    );
+    for answer in &answers {
+        for matched in answer["matches"].as_array().unwrap() {
+            let full = matched["endpoint"] == endpoint.as_str();
+            assert_eq!(
+                matched["matchBlocks"] == matched["totalBlocks"],
+                full,
+                "{answer}"
+            );
+        }
+    }
+
+    // Pod churn reaches the ConfigMap: unready, deleted, IP change. Measured, not asserted.
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    set_pod_status(&client, &ns, "vllm-1", "10.1.0.2", false).await;
+    eventually("vllm-1 to leave", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| ids.len() == 2 && !ids.iter().any(|id| id.contains("vllm-1")))
+    })
+    .await;
+    latencies.push(("unready", started.elapsed()));
+    let started = Instant::now();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("vllm-2", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("vllm-2 to leave", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| ids.len() == 1)
+    })
+    .await;
+    latencies.push(("deleted", started.elapsed()));
+    let started = Instant::now();
+    set_pod_status(&client, &ns, "vllm-0", "10.1.0.42", true).await;
+    eventually("vllm-0's new IP", TIMEOUT, || async {
+        let config = producer_config(&client, &ns, "rl-producer").await?;
+        (config.endpoints.first()?.address == "10.1.0.42:8000").then_some(())
+    })
+    .await;
+    latencies.push(("ip change", started.elapsed()));
+    let started = Instant::now();
+    set_pod_status(&client, &ns, "vllm-1", "10.1.0.2", true).await;
+    eventually("vllm-1 to return", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| ids.len() == 2)
+    })
+    .await;
+    latencies.push(("ready again", started.elapsed()));
+    for (event, latency) in &latencies {
+        println!(
+            "churn-to-ConfigMap latency ({event}): {:.1} ms",
+            latency.as_secs_f64() * 1e3
+        );
+    }
+
+    // The producer follows the ConfigMap: its endpoint list now has the two pods.
+    eventually("the producer to see two endpoints", TIMEOUT, || async {
+        let endpoints: Value = http
+            .get(format!("http://127.0.0.1:{api_port}/v1/endpoints"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let text = endpoints.to_string();
+        (text.contains("vllm-0-rank-0")
+            && text.contains("vllm-1-rank-0")
+            && !text.contains("vllm-2-rank-0"))
+        .then_some(())
+    })
+    .await;
+
+    // A deleted or hand-edited child is restored.
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    config_maps
+        .delete("rl-producer", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the ConfigMap to be restored", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| ids.len() == 2)
+    })
+    .await;
+    config_maps
+        .patch(
+            "rl-producer",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"config.yaml": "windowDurationMs: 9\n"}})),
+        )
+        .await
+        .unwrap();
+    eventually("the hand edit to be undone", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| ids.len() == 2)
+    })
+    .await;
+    drop(producer);
+    drop(operator);
+}
+
+/// `kubectl apply` of an invalid policy is refused by the API server, naming the field.
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_policies_are_refused_with_their_message() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let ns = control_plane.namespace("invalid").await.unwrap();
+    let cases = [
+        (
+            "windowDurationMs: 0",
+            "windowDurationMs must be between 1 and 10000",
+        ),
+        (
+            "maxPerReplica: 0",
+            "maxPerReplica must be -1 (unlimited) or >= 1",
+        ),
+        ("maxBatchSize: -3", "maxBatchSize"),
+        ("blockSizeTokens: 0", "blockSizeTokens"),
+        (
+            "maxPrefixTokensToMatch: 10",
+            "maxPrefixTokensToMatch must be 0, or >= blockSizeTokens",
+        ),
+        ("minColocateBlocks: -1", "minColocateBlocks"),
+        ("balanceBy: bytes", "balanceBy"),
+    ];
+    for (i, (field, message)) in cases.iter().enumerate() {
+        let yaml = format!(
+            "apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: bad-{i}\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  {field}\n"
+        );
+        let stderr = kubectl_apply(control_plane, &yaml).unwrap_err();
+        assert!(stderr.contains(message), "{field}: {stderr}");
+    }
+    let both = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: both\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  poolRef: {{name: pool}}\n  targetPorts: [{{number: 8000}}]\n");
+    assert!(kubectl_apply(control_plane, &both)
+        .unwrap_err()
+        .contains("exactly one of selector and poolRef"));
+    let no_ports = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: noports\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n");
+    assert!(kubectl_apply(control_plane, &no_ports)
+        .unwrap_err()
+        .contains("targetPorts needs 1 to 8 ports"));
+    let good = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: good\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  maxPerReplica: 4\n");
+    kubectl_apply(control_plane, &good).unwrap();
+}
+
+fn kubectl_apply(control_plane: &ControlPlane, yaml: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = control_plane
+        .kubectl()
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// Two operators with leader election: one leads; when it goes, the other takes over.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_operators_one_leader() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let client = control_plane.client();
+    let ns = control_plane.namespace("leader").await.unwrap();
+    let args = |identity: &'static str| {
+        vec![
+            "--leader-elect",
+            "--lease-namespace",
+            ns.as_str(),
+            "--identity",
+            identity,
+            "--lease-duration-seconds",
+            "4",
+        ]
+    };
+    let mut first = Some(start_operator(control_plane, &ns, &args("op-a")));
+    let mut second = Some(start_operator(control_plane, &ns, &args("op-b")));
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let holder = eventually("a lease holder", TIMEOUT, || async {
+        leases
+            .get_opt("burst-prefix-operator")
+            .await
+            .ok()??
+            .spec?
+            .holder_identity
+    })
+    .await;
+    // Only the holder reconciles: a policy gets its ConfigMap, and only the leader says so.
+    create_policy(
+        &client,
+        &ns,
+        "rl",
+        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
+    )
+    .await;
+    eventually("the leader to reconcile", TIMEOUT, || async {
+        producer_config(&client, &ns, "rl-producer").await
+    })
+    .await;
+    let (leader, follower, follower_id) = if holder == "op-a" {
+        (&mut first, &mut second, "op-b")
+    } else {
+        (&mut second, &mut first, "op-a")
+    };
+    assert!(leader
+        .as_ref()
+        .unwrap()
+        .log_text()
+        .contains("acquired the leader lease"));
+    assert!(!follower
+        .as_ref()
+        .unwrap()
+        .log_text()
+        .contains("acquired the leader lease"));
+    // The leader goes away; the follower takes the lease once it expires.
+    drop(leader.take());
+    eventually("the follower to take the lease", TIMEOUT, || async {
+        let holder = leases
+            .get_opt("burst-prefix-operator")
+            .await
+            .ok()??
+            .spec?
+            .holder_identity?;
+        (holder == follower_id).then_some(())
+    })
+    .await;
+    let follower = follower.as_ref().unwrap();
+    eventually("the follower to lead", TIMEOUT, || async {
+        follower
+            .log_text()
+            .contains("acquired the leader lease")
+            .then_some(())
+    })
+    .await;
+}
