@@ -4,14 +4,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::Instant;
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_test_support::ControlPlane;
 use common::{
-    binary, condition, create_pod, create_policy, endpoint_ids, eventually, free_port, install_crd,
-    producer_config, set_pod_status, start_operator, Process, TIMEOUT,
+    condition, create_pod, create_policy, endpoint_ids, eventually, install_crd, producer_config,
+    set_pod_status, start_operator, start_producer, TIMEOUT,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -110,33 +109,20 @@ async fn policy_pods_configmap_producer_and_churn() {
 
     // The real producer, out of cluster, with exactly the RBAC of the ServiceAccount the
     // operator created for it.
-    let token = control_plane
-        .service_account_token(&ns, "rl-producer")
-        .await
-        .unwrap();
-    let kubeconfig = control_plane.kubeconfig_for("rl-producer", &token).unwrap();
-    let (api_port, admin_port) = (free_port(), free_port());
-    let mut command = Command::new(binary("burst-prefix-producer"));
-    command
-        .env("KUBECONFIG", &kubeconfig)
-        .args(["serve", "--configmap", &format!("{ns}/rl-producer")])
-        .args(["--listen", &format!("127.0.0.1:{api_port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
-    let producer = Process::spawn("producer", &mut command, control_plane.dir());
+    let producer = start_producer(control_plane, &ns, "rl-producer").await;
+    let (api, admin) = (producer.api.clone(), producer.admin.clone());
+    let producer = producer.process;
     let http = reqwest::Client::new();
     eventually("the producer to be ready", TIMEOUT, || async {
-        let response = http
-            .get(format!("http://127.0.0.1:{admin_port}/readyz"))
-            .send()
-            .await
-            .ok()?;
+        let response = http.get(format!("{admin}/readyz")).send().await.ok()?;
         response.status().is_success().then_some(())
     })
     .await;
+    let produce_url = format!("{api}/v1/produce");
     let burst = (0..8).map(|_| {
-        let http = http.clone();
+        let (http, url) = (http.clone(), produce_url.clone());
         async move {
-            http.post(format!("http://127.0.0.1:{api_port}/v1/produce"))
+            http.post(url)
                 .json(&json!({"model": "llama", "prompt": "Solve step by step: what is 17 * 23? ".repeat(40)}))
                 .send()
                 .await
@@ -229,7 +215,7 @@ async fn policy_pods_configmap_producer_and_churn() {
     // The producer follows the ConfigMap: its endpoint list now has the two pods.
     eventually("the producer to see two endpoints", TIMEOUT, || async {
         let endpoints: Value = http
-            .get(format!("http://127.0.0.1:{api_port}/v1/endpoints"))
+            .get(format!("{api}/v1/endpoints"))
             .send()
             .await
             .ok()?

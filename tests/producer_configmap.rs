@@ -5,10 +5,8 @@
 
 mod common;
 
-use std::process::Command;
-
 use burst_prefix_test_support::ControlPlane;
-use common::{binary, eventually, free_port, Process, TIMEOUT};
+use common::{eventually, start_producer, TIMEOUT};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -61,27 +59,16 @@ async fn configmap_updates_apply_and_bad_ones_are_rejected() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let token = control_plane
-        .service_account_token(&ns, "producer")
-        .await
-        .unwrap();
-    let kubeconfig = control_plane.kubeconfig_for("producer", &token).unwrap();
-
-    let (api_port, admin_port) = (free_port(), free_port());
-    let mut command = Command::new(binary("burst-prefix-producer"));
-    command
-        .env("KUBECONFIG", &kubeconfig)
-        .args(["serve", "--configmap", &format!("{ns}/producer")])
-        .args(["--listen", &format!("127.0.0.1:{api_port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
-    let producer = Process::spawn("producer", &mut command, control_plane.dir());
+    let producer = start_producer(control_plane, &ns, "producer").await;
+    let (api, admin) = (producer.api.clone(), producer.admin.clone());
+    let producer = producer.process;
     let http = reqwest::Client::new();
     let get = |url: String| {
         let http = http.clone();
         async move { http.get(url).send().await.ok()?.text().await.ok() }
     };
-    let endpoints_url = format!("http://127.0.0.1:{api_port}/v1/endpoints");
-    let metrics_url = format!("http://127.0.0.1:{admin_port}/metrics");
+    let endpoints_url = format!("{api}/v1/endpoints");
+    let metrics_url = format!("{admin}/metrics");
     eventually("the first config", TIMEOUT, || async {
         get(endpoints_url.clone())
             .await
@@ -126,7 +113,7 @@ async fn configmap_updates_apply_and_bad_ones_are_rejected() {
         producer.log_text()
     );
     let answer: serde_json::Value = http
-        .post(format!("http://127.0.0.1:{api_port}/v1/produce"))
+        .post(format!("{api}/v1/produce"))
         .json(&json!({"model": "m", "prompt": "still served"}))
         .send()
         .await

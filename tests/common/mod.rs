@@ -259,3 +259,31 @@ pub async fn condition(
         .find(|c| c.type_ == type_)?;
     Some((condition.status, condition.reason))
 }
+
+/// The real producer, out of cluster, watching ConfigMap `namespace/name` as ServiceAccount
+/// `namespace/name` (whatever RBAC that account has is all it gets).
+pub struct Producer {
+    pub process: Process,
+    pub api: String,
+    pub admin: String,
+}
+
+pub async fn start_producer(control_plane: &ControlPlane, namespace: &str, name: &str) -> Producer {
+    let token = control_plane
+        .service_account_token(namespace, name)
+        .await
+        .unwrap();
+    let kubeconfig = control_plane.kubeconfig_for(name, &token).unwrap();
+    let (api_port, admin_port) = (free_port(), free_port());
+    let mut command = Command::new(binary("burst-prefix-producer"));
+    command
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["serve", "--configmap", &format!("{namespace}/{name}")])
+        .args(["--listen", &format!("127.0.0.1:{api_port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
+    Producer {
+        process: Process::spawn("producer", &mut command, control_plane.dir()),
+        api: format!("http://127.0.0.1:{api_port}"),
+        admin: format!("http://127.0.0.1:{admin_port}"),
+    }
+}
