@@ -35,13 +35,15 @@ async fn operator_recovers_after_apiserver_restart() {
 
     control_plane.restart_apiserver().await.unwrap();
 
-    // A change made after the restart still reaches the ConfigMap: the watches came back.
+    // A change made after the restart still reaches the ConfigMap: the watches came back. Every
+    // watch resumes from a resource version the new server's cache no longer has (410), backs
+    // off and relists; recovery took 1-45 s in repeated runs here, hence the long deadline.
     let client = control_plane.client();
     create_pod(&client, &ns, "vllm-1", "vllm").await;
     set_pod_status(&client, &ns, "vllm-1", "10.2.0.2", true).await;
     eventually(
         "the second endpoint after the restart",
-        TIMEOUT * 2,
+        TIMEOUT * 3,
         || async {
             endpoint_ids(&client, &ns)
                 .await

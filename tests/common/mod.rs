@@ -106,6 +106,19 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
+        // A failing test shows what the process said.
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "--- last lines of {} ({}) ---",
+                self.name,
+                self.log.display()
+            );
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
