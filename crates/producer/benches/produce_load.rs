@@ -312,13 +312,8 @@ async fn start_producer(window_ms: u64) -> Service {
 }
 
 /// The same axum server, with a `/v1/produce` that reads the body and answers at once.
-async fn start_noop() -> std::net::SocketAddr {
-    async fn noop(_body: Bytes) -> Json<Value> {
-        Json(json!({"assignedEndpoint": null, "totalBlocks": 0}))
-    }
-    let router = Router::new()
-        .route("/v1/produce", post(noop))
-        .layer(DefaultBodyLimit::max(DEFAULT_MAX_BODY_BYTES));
+/// Serves a baseline router on an ephemeral loopback port, with `TCP_NODELAY` like the producer.
+async fn serve_on_loopback(router: Router) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let listener = listener.tap_io(|tcp| {
@@ -326,6 +321,16 @@ async fn start_noop() -> std::net::SocketAddr {
     });
     tokio::spawn(async move { axum::serve(listener, router).await });
     addr
+}
+
+async fn start_noop() -> std::net::SocketAddr {
+    async fn noop(_body: Bytes) -> Json<Value> {
+        Json(json!({"assignedEndpoint": null, "totalBlocks": 0}))
+    }
+    let router = Router::new()
+        .route("/v1/produce", post(noop))
+        .layer(DefaultBodyLimit::max(DEFAULT_MAX_BODY_BYTES));
+    serve_on_loopback(router).await
 }
 
 /// The same axum server, with a `/v1/produce` that reads the body, waits for the next tick of
@@ -361,13 +366,7 @@ async fn start_noop_window(window_ms: u64) -> std::net::SocketAddr {
         )
         .layer(DefaultBodyLimit::max(DEFAULT_MAX_BODY_BYTES))
         .with_state(ticks);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    addr
+    serve_on_loopback(router).await
 }
 
 fn main() {
