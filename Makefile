@@ -22,7 +22,7 @@ unit: control-plane
 	$(CARGO) test --workspace --locked
 
 demo:
-	$(CARGO) run --release --locked -p burst-prefix-producer -- demo
+	$(CARGO) run --release --locked -p burst-prefix-tools -- demo
 
 bench:
 	$(CARGO) bench --locked -p burst-prefix-planner

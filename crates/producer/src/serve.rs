@@ -1,7 +1,7 @@
-//! `burst-prefix-producer serve`: the flags, the wiring of config source, window and the two
-//! HTTP servers, and graceful shutdown.
+//! `burst-prefix-producer serve`: the flags, the wiring of config source, core and listeners, and
+//! graceful shutdown.
 //!
-//! On SIGTERM or SIGINT the servers stop accepting connections, the open window is sealed,
+//! On SIGTERM or SIGINT every listener stops accepting connections, the open window is sealed,
 //! planned and answered at once, in-flight responses are written, and the process exits 0.
 
 use std::net::SocketAddr;
@@ -10,14 +10,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
+use axum::Router;
 use clap::{ArgGroup, Args, ValueEnum};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::app::{App, DEFAULT_MAX_BODY_BYTES};
-use crate::config_store::ConfigSource;
-use crate::{admin, config_file, configmap, server};
+use crate::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
+use crate::http;
+use crate::sources::{configmap, Source};
 
 /// How long shutdown waits for in-flight responses after the window was answered.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -58,6 +59,29 @@ pub struct ServeArgs {
     pub max_body_bytes: usize,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+impl ServeArgs {
+    /// The config source the flags name (clap guarantees exactly one).
+    pub fn source(&self) -> Source {
+        match (&self.config, &self.configmap) {
+            (Some(path), _) => Source::File {
+                path: path.clone(),
+                poll: Duration::from_millis(self.config_poll_ms),
+            },
+            (None, Some((namespace, name))) => Source::ConfigMap {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            },
+            (None, None) => unreachable!("clap requires --config or --configmap"),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_body_bytes: self.max_body_bytes,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -111,52 +135,18 @@ pub fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let source = match (&args.config, &args.configmap) {
-        (Some(path), _) => ConfigSource::File {
-            path: path.display().to_string(),
-        },
-        (None, Some((namespace, name))) => ConfigSource::ConfigMap {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            key: configmap::CONFIG_KEY.to_string(),
-        },
-        (None, None) => return Err("one of --config or --configmap is required".into()),
-    };
-    let app = App::new(source, args.max_body_bytes);
-    match (&args.config, &args.configmap) {
-        (Some(path), _) => {
-            let applied = config_file::load(&app.store, path)?;
-            tokio::spawn(config_file::watch(
-                app.store.clone(),
-                path.clone(),
-                Duration::from_millis(args.config_poll_ms),
-                applied,
-            ));
-        }
-        (None, Some((namespace, name))) => {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(|e| format!("cannot reach the Kubernetes API for --configmap: {e}"))?;
-            tokio::spawn(configmap::watch(
-                app.store.clone(),
-                client,
-                namespace.clone(),
-                name.clone(),
-            ));
-        }
-        (None, None) => unreachable!("checked above"),
-    }
-    let api = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("cannot listen on --listen {}: {e}", args.listen))?;
-    let admin = TcpListener::bind(args.admin_listen)
-        .await
-        .map_err(|e| format!("cannot listen on --admin-listen {}: {e}", args.admin_listen))?;
-    let service = Service::start(app, api, admin).map_err(|e| e.to_string())?;
+    let source = args.source();
+    let producer = Producer::new(source.describe(), args.limits());
+    source.start(producer.store.clone()).await?;
+    let listeners = vec![
+        Listener::bind(Role::Api, args.listen, "--listen").await?,
+        Listener::bind(Role::Admin, args.admin_listen, "--admin-listen").await?,
+    ];
+    let service = Service::start(producer, listeners).map_err(|e| e.to_string())?;
     tracing::info!(
-        api = %service.api_addr,
-        admin = %service.admin_addr,
-        source = %service.app.store.source(),
+        api = %service.addr(Role::Api).expect("bound"),
+        admin = %service.addr(Role::Admin).expect("bound"),
+        source = %service.producer.store.source(),
         "listening"
     );
     shutdown_signal().await;
@@ -183,51 +173,84 @@ async fn shutdown_signal() {
     let _ = interrupt.await;
 }
 
-/// The API and admin servers of one producer, running on the current runtime.
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The JSON API (`/v1/produce`, `/v1/plan`, `/v1/endpoints`).
+    Api,
+    /// `/healthz`, `/readyz`, `/metrics`.
+    Admin,
+}
+
+impl Role {
+    fn router(self, producer: &Producer) -> Router {
+        match self {
+            Role::Api => http::router(producer.clone()),
+            Role::Admin => http::admin::router(producer.clone()),
+        }
+    }
+}
+
+/// A bound socket and what it serves.
+pub struct Listener {
+    pub role: Role,
+    pub tcp: TcpListener,
+}
+
+impl Listener {
+    /// Binds `addr`; the error names the flag.
+    pub async fn bind(role: Role, addr: SocketAddr, flag: &str) -> Result<Self, String> {
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {flag} {addr}: {e}"))?;
+        Ok(Listener { role, tcp })
+    }
+}
+
+/// The listeners of one producer, running on the current runtime.
 pub struct Service {
-    pub app: App,
-    pub api_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
+    pub producer: Producer,
+    addrs: Vec<(Role, SocketAddr)>,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<std::io::Result<()>>>,
 }
 
 impl Service {
-    /// Serves `app` on the two listeners until [`Service::shutdown`].
-    pub fn start(app: App, api: TcpListener, admin: TcpListener) -> std::io::Result<Service> {
-        let api_addr = api.local_addr()?;
-        let admin_addr = admin.local_addr()?;
+    /// Serves `producer` on every listener until [`Service::shutdown`].
+    pub fn start(producer: Producer, listeners: Vec<Listener>) -> std::io::Result<Service> {
         let (stop, stopped) = watch::channel(false);
-        let servers = [
-            (api, server::router(app.clone())),
-            (admin, admin::router(app.clone())),
-        ]
-        .into_iter()
-        .map(|(listener, router)| {
+        let mut addrs = Vec::new();
+        let mut servers = Vec::new();
+        for Listener { role, tcp } in listeners {
+            addrs.push((role, tcp.local_addr()?));
             let mut stopped = stopped.clone();
-            let listener = listener.tap_io(|tcp| {
+            let tcp = tcp.tap_io(|tcp| {
                 // Small responses go out at once (no Nagle delay).
                 let _ = tcp.set_nodelay(true);
             });
-            let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            });
-            tokio::spawn(async move { server.await })
-        })
-        .collect();
+            let server =
+                axum::serve(tcp, role.router(&producer)).with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                });
+            servers.push(tokio::spawn(async move { server.await }));
+        }
         Ok(Service {
-            app,
-            api_addr,
-            admin_addr,
+            producer,
+            addrs,
             stop,
             servers,
         })
     }
 
+    /// The address the listener of `role` is bound to.
+    pub fn addr(&self, role: Role) -> Option<SocketAddr> {
+        self.addrs.iter().find(|(r, _)| *r == role).map(|(_, a)| *a)
+    }
+
     /// Stops accepting, answers the open window, and waits for in-flight responses.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        self.app.window.close().await;
+        self.producer.window.close().await;
         let servers = futures::future::join_all(self.servers);
         match tokio::time::timeout(SHUTDOWN_GRACE, servers).await {
             Ok(results) => {

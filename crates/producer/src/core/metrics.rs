@@ -29,6 +29,41 @@ impl Outcome {
     }
 }
 
+/// Why a window was sealed (`burst_prefix_windows_sealed_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SealReason {
+    /// `windowDurationMs` passed.
+    Timer,
+    /// Every group whose size a client hinted was complete.
+    Hints,
+    /// No request arrived for `idleSealMs`.
+    Idle,
+    /// It held `maxBatchSize` requests.
+    Full,
+    /// The producer was shutting down.
+    Shutdown,
+}
+
+impl SealReason {
+    pub const ALL: [SealReason; 5] = [
+        SealReason::Timer,
+        SealReason::Hints,
+        SealReason::Idle,
+        SealReason::Full,
+        SealReason::Shutdown,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SealReason::Timer => "timer",
+            SealReason::Hints => "hints",
+            SealReason::Idle => "idle",
+            SealReason::Full => "full",
+            SealReason::Shutdown => "shutdown",
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
@@ -40,6 +75,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     /// Requests in the open window right now (0 when none is open).
     pub window_open_requests: IntGauge,
+    windows_sealed: IntCounterVec,
 }
 
 impl Metrics {
@@ -104,6 +140,14 @@ impl Metrics {
             "Requests waiting in the open window",
         )
         .unwrap();
+        let windows_sealed = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_windows_sealed_total",
+                "Windows sealed, by reason: timer, hints (every hinted group complete), idle, full, shutdown",
+            ),
+            &["reason"],
+        )
+        .unwrap();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(window_size.clone()),
@@ -113,6 +157,7 @@ impl Metrics {
             Box::new(endpoints.clone()),
             Box::new(config_reloads.clone()),
             Box::new(window_open_requests.clone()),
+            Box::new(windows_sealed.clone()),
         ] {
             registry.register(collector).unwrap();
         }
@@ -131,6 +176,9 @@ impl Metrics {
         for result in ["accepted", "rejected"] {
             config_reloads.with_label_values(&[result]);
         }
+        for reason in SealReason::ALL {
+            windows_sealed.with_label_values(&[reason.label()]);
+        }
         Metrics {
             registry,
             requests,
@@ -141,7 +189,14 @@ impl Metrics {
             endpoints,
             config_reloads,
             window_open_requests,
+            windows_sealed,
         }
+    }
+
+    pub fn window_sealed(&self, reason: SealReason) {
+        self.windows_sealed
+            .with_label_values(&[reason.label()])
+            .inc();
     }
 
     pub fn request(&self, outcome: Outcome) {
@@ -200,6 +255,7 @@ mod tests {
             "burst_prefix_window_size_count 0",
             "burst_prefix_window_plan_seconds_count 0",
             "burst_prefix_request_wait_seconds_count 0",
+            "burst_prefix_windows_sealed_total{reason=\"hints\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
