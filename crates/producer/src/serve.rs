@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
+use crate::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WINDOW_BYTES};
 use crate::http;
 use crate::sources::{configmap, Source};
 
@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes; larger ones get 413 body_too_large.
     #[arg(long, env = "BURST_PREFIX_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Most bytes the open window may hold: its requests' block hashes, plus the bodies the
+    /// proxy keeps to forward; a request beyond gets 429 window_full with Retry-After.
+    #[arg(long, env = "BURST_PREFIX_MAX_WINDOW_BYTES", default_value_t = DEFAULT_MAX_WINDOW_BYTES)]
+    pub max_window_bytes: usize,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -80,6 +84,7 @@ impl ServeArgs {
     pub fn limits(&self) -> Limits {
         Limits {
             max_body_bytes: self.max_body_bytes,
+            max_window_bytes: self.max_window_bytes,
         }
     }
 }

@@ -142,6 +142,7 @@ async fn bad_input_gets_its_status_and_code() {
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
         Limits {
             max_body_bytes: 1024,
+            ..Limits::default()
         },
     )
     .await;

@@ -20,6 +20,16 @@ pub struct HashedRequest {
 }
 
 impl HashedRequest {
+    /// What the request holds while it waits in a window.
+    pub fn held_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.blocks.len() * std::mem::size_of::<BlockHash>()
+            + self
+                .endpoints
+                .as_ref()
+                .map_or(0, |ids| ids.iter().map(|id| id.len() + 24).sum())
+    }
+
     pub fn new(request: &InferenceRequest<'_>, spec: BlockSpec) -> Self {
         HashedRequest {
             blocks: request.block_hashes(spec).concat(),

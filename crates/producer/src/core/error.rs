@@ -19,6 +19,10 @@ pub enum PlaceError {
         "the open window already holds maxBatchSize = {limit} requests; retry after it is planned"
     )]
     BatchFull { limit: usize, retry_after: Duration },
+    #[error(
+        "the open window already holds its limit of {limit} bytes (--max-window-bytes); retry after it is planned"
+    )]
+    WindowFull { limit: usize, retry_after: Duration },
     #[error("the service is shutting down")]
     ShuttingDown,
     /// The planning of the request's window was lost (logged where it happened).
@@ -34,6 +38,7 @@ impl PlaceError {
             PlaceError::NoEndpoints => "no_endpoints",
             PlaceError::NoEligibleEndpoint => "no_eligible_endpoint",
             PlaceError::BatchFull { .. } => "batch_full",
+            PlaceError::WindowFull { .. } => "window_full",
             PlaceError::ShuttingDown => "shutting_down",
             PlaceError::Abandoned => "internal",
         }
@@ -42,7 +47,8 @@ impl PlaceError {
     /// How long a client should wait before retrying, for the refusals a retry can cure.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            PlaceError::BatchFull { retry_after, .. } => Some(*retry_after),
+            PlaceError::BatchFull { retry_after, .. }
+            | PlaceError::WindowFull { retry_after, .. } => Some(*retry_after),
             PlaceError::NoEndpoints | PlaceError::ShuttingDown => Some(Duration::from_secs(1)),
             _ => None,
         }

@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod config_store;
+pub mod endpoints;
 pub mod error;
 pub mod metrics;
 pub mod request;
@@ -19,24 +20,31 @@ pub use window::Placement;
 
 use batch::HashedRequest;
 use config_store::{ConfigSource, ConfigStore, Snapshot};
+use endpoints::LiveEndpoints;
 use metrics::{Metrics, Outcome};
 use request::{Hints, InferenceRequest};
 use window::Window;
 
 /// Default limit of a request body: 8 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Default budget of the bytes the open window holds: 256 MiB.
+pub const DEFAULT_MAX_WINDOW_BYTES: usize = 256 * 1024 * 1024;
 
 /// Limits every front-end applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Most bytes the open window holds: its requests' hashes, and the bodies front-ends keep
+    /// while their requests wait; beyond, `window_full`.
+    pub max_window_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_window_bytes: DEFAULT_MAX_WINDOW_BYTES,
         }
     }
 }
@@ -51,6 +59,9 @@ pub struct PlaceRequest<'a> {
     /// Hints from the caller's protocol (headers); a hint in the body counts where these are
     /// unset.
     pub hints: Hints,
+    /// Bytes the caller keeps for this request while it waits (a proxy keeps the body to
+    /// forward it); they count against the window's byte budget.
+    pub held_bytes: usize,
 }
 
 /// One running producer: the config in force, the window and the metrics.
@@ -58,6 +69,7 @@ pub struct PlaceRequest<'a> {
 pub struct Producer {
     pub store: Arc<ConfigStore>,
     pub window: Arc<Window>,
+    pub live: Arc<LiveEndpoints>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
 }
@@ -67,10 +79,17 @@ impl Producer {
     pub fn new(source: ConfigSource, limits: Limits) -> Self {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(source, metrics.clone()));
-        let window = Window::new(store.clone(), metrics.clone());
+        let live = Arc::new(LiveEndpoints::default());
+        let window = Window::new(
+            store.clone(),
+            live.clone(),
+            metrics.clone(),
+            limits.max_window_bytes,
+        );
         Producer {
             store,
             window,
+            live,
             metrics,
             limits,
         }
@@ -97,13 +116,14 @@ impl Producer {
             // The parsed request borrows the body; it is gone once the hashes are in the window.
             let parsed = InferenceRequest::parse(request.body)?;
             let group_size = request.hints.group_size.or(parsed.hints.group_size);
-            self.window.join(group_size, |snapshot| {
-                let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
-                if let Some(subset) = request.subset {
-                    hashed.endpoints = Some(allowed_by_subset(snapshot, subset, &hashed)?);
-                }
-                Ok(hashed)
-            })?
+            self.window
+                .join(group_size, request.held_bytes, |snapshot| {
+                    let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
+                    if let Some(subset) = request.subset {
+                        hashed.endpoints = Some(allowed_by_subset(snapshot, subset, &hashed)?);
+                    }
+                    Ok(hashed)
+                })?
         };
         ticket.placement().await.map_err(|_| PlaceError::Abandoned)
     }

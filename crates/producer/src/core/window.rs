@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 
 use super::batch::{plan_batch, HashedRequest};
 use super::config_store::{ConfigStore, Snapshot};
+use super::endpoints::LiveEndpoints;
 use super::error::PlaceError;
 use super::metrics::{Metrics, Outcome, SealReason};
 
@@ -46,6 +47,9 @@ pub struct Placement {
     /// Index into `snapshot.config.endpoints`, or `None` for no affinity.
     pub assigned: Option<usize>,
     pub total_blocks: usize,
+    /// Its group of identical prompts (the last block hash; 0 without blocks): members of one
+    /// group fail over to the same replica.
+    pub group: u64,
     /// The endpoint ids the request may use; `None`: all.
     pub endpoints: Option<Vec<String>>,
     pub window_id: u64,
@@ -65,10 +69,13 @@ pub struct Abandoned;
 
 pub struct Window {
     state: Mutex<State>,
-    /// Held while a window is planned: windows are planned one at a time, in order.
+    /// Held while a window is planned: windows are planned one at a time.
     planning: Mutex<()>,
     store: Arc<ConfigStore>,
+    live: Arc<LiveEndpoints>,
     metrics: Arc<Metrics>,
+    /// The most bytes the open window holds (hashes, and bodies its callers keep for it).
+    max_bytes: usize,
 }
 
 #[derive(Default)]
@@ -87,6 +94,8 @@ struct Open {
     /// Arrival order; a cancelled request leaves `None`.
     slots: Vec<Option<Slot>>,
     live: usize,
+    /// Bytes held for the live requests (see [`Window::join`]).
+    bytes: usize,
     last_arrival: Instant,
     /// Per group of identical prompts: how many are here, and the size a client hinted.
     groups: HashMap<GroupKey, GroupCount>,
@@ -114,6 +123,7 @@ impl GroupCount {
 
 struct Slot {
     request: HashedRequest,
+    bytes: usize,
     group: Option<GroupKey>,
     joined: Instant,
     reply: oneshot::Sender<Placement>,
@@ -164,12 +174,19 @@ struct Sealed {
 }
 
 impl Window {
-    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        store: Arc<ConfigStore>,
+        live: Arc<LiveEndpoints>,
+        metrics: Arc<Metrics>,
+        max_bytes: usize,
+    ) -> Arc<Self> {
         Arc::new(Window {
             state: Mutex::new(State::default()),
             planning: Mutex::new(()),
             store,
+            live,
             metrics,
+            max_bytes,
         })
     }
 
@@ -192,15 +209,19 @@ impl Window {
 
     /// Makes a request under the config of the window it will join (`make` runs outside the
     /// lock: it hashes) and joins. If the config changes in between, makes it again.
+    /// `held_bytes` are what the caller keeps for the request while it waits (a proxy, its
+    /// body); with the request's hashes they count against the window's byte budget.
     pub fn join(
         self: &Arc<Self>,
         group_size: Option<NonZeroU32>,
+        held_bytes: usize,
         make: impl Fn(&Snapshot) -> Result<HashedRequest, PlaceError>,
     ) -> Result<Ticket, PlaceError> {
         let mut snapshot = self.joining_snapshot()?;
         loop {
             let request = make(&snapshot)?;
-            match self.try_join(request, group_size, snapshot.generation)? {
+            let bytes = held_bytes + request.held_bytes();
+            match self.try_join(request, bytes, group_size, snapshot.generation)? {
                 Ok(ticket) => return Ok(ticket),
                 Err(newer) => snapshot = newer,
             }
@@ -221,6 +242,7 @@ impl Window {
     fn try_join(
         self: &Arc<Self>,
         request: HashedRequest,
+        bytes: usize,
         group_size: Option<NonZeroU32>,
         generation: u64,
     ) -> Result<Result<Ticket, Arc<Snapshot>>, PlaceError> {
@@ -245,13 +267,18 @@ impl Window {
         if open.snapshot.generation != generation {
             return Ok(Err(open.snapshot.clone()));
         }
+        let retry_after = open.deadline.saturating_duration_since(now);
         if let Some(limit) = open.snapshot.settings.max_batch_size {
             if open.live >= limit {
-                return Err(PlaceError::BatchFull {
-                    limit,
-                    retry_after: open.deadline.saturating_duration_since(now),
-                });
+                return Err(PlaceError::BatchFull { limit, retry_after });
             }
+        }
+        // One request always fits: a body is bounded by its own limit.
+        if open.live > 0 && open.bytes + bytes > self.max_bytes {
+            return Err(PlaceError::WindowFull {
+                limit: self.max_bytes,
+                retry_after,
+            });
         }
         let group = (!request.blocks.is_empty()).then(|| {
             (
@@ -266,11 +293,13 @@ impl Window {
         let index = open.slots.len();
         open.slots.push(Some(Slot {
             request,
+            bytes,
             group,
             joined: now,
             reply,
         }));
         open.live += 1;
+        open.bytes += bytes;
         open.last_arrival = now;
         self.metrics.window_open_requests.set(open.live as i64);
         let ticket = Ticket {
@@ -298,6 +327,7 @@ impl Window {
             snapshot,
             slots: Vec::new(),
             live: 0,
+            bytes: 0,
             last_arrival: now,
             groups: HashMap::new(),
             hinted: 0,
@@ -361,6 +391,7 @@ impl Window {
             return;
         };
         open.live -= 1;
+        open.bytes -= slot.bytes;
         if let Some(key) = slot.group {
             open.count(key, None, -1);
         }
@@ -411,7 +442,7 @@ impl Window {
                 .planning
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            plan(sealed)
+            plan(sealed, &window.live)
         });
         let result = planned.await;
         self.lock().sealed -= 1;
@@ -448,8 +479,9 @@ struct Planned {
     plan_seconds: f64,
 }
 
-/// Plans a sealed window (`None` when all its requests went away).
-fn plan(sealed: Sealed) -> Option<Planned> {
+/// Plans a sealed window (`None` when all its requests went away) on the endpoints usable now,
+/// with their requests in flight as running requests.
+fn plan(sealed: Sealed, live: &LiveEndpoints) -> Option<Planned> {
     if sealed.slots.is_empty() {
         tracing::debug!(
             window = sealed.id,
@@ -463,16 +495,21 @@ fn plan(sealed: Sealed) -> Option<Planned> {
         .into_iter()
         .map(|slot| (slot.request, (slot.joined, slot.reply)))
         .unzip();
-    let config = &sealed.snapshot.config;
-    let replicas: Vec<Replica<'_>> = config
-        .endpoints
+    let endpoints = &sealed.snapshot.config.endpoints;
+    let usable = live.usable(endpoints, started);
+    let replicas: Vec<Replica<'_>> = usable
         .iter()
-        .map(|endpoint| Replica {
-            id: &endpoint.id,
-            running_requests: endpoint.running_requests.unwrap_or(0),
+        .map(|&i| Replica {
+            id: &endpoints[i].id,
+            running_requests: endpoints[i].running_requests.unwrap_or(0)
+                + live.in_flight(&endpoints[i].id),
         })
         .collect();
-    let plan = plan_batch(&sealed.snapshot.settings.plan, &replicas, &requests);
+    let mut plan = plan_batch(&sealed.snapshot.settings.plan, &replicas, &requests);
+    // Back from the usable list to the config's endpoint indices.
+    for assigned in plan.assignments.iter_mut().flatten() {
+        *assigned = usable[*assigned];
+    }
     Some(Planned {
         id: sealed.id,
         reason: sealed.reason,
@@ -495,6 +532,7 @@ fn release(planned: Planned, metrics: &Metrics) {
         let placement = Placement {
             assigned: *replica,
             total_blocks: request.blocks.len(),
+            group: request.blocks.last().copied().unwrap_or(0),
             endpoints: request.endpoints,
             window_id: planned.id,
             window_size: size,
@@ -573,7 +611,8 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigSource::Demo, metrics.clone()));
         store.apply_text(yaml).unwrap();
-        (Window::new(store, metrics.clone()), metrics)
+        let window = Window::new(store, Arc::default(), metrics.clone(), usize::MAX);
+        (window, metrics)
     }
 
     fn hasher(prompt: &str) -> impl Fn(&Snapshot) -> Result<HashedRequest, PlaceError> + '_ {
@@ -585,11 +624,13 @@ mod tests {
     }
 
     fn join(window: &Arc<Window>, prompt: &str) -> Ticket {
-        window.join(None, hasher(prompt)).unwrap()
+        window.join(None, 0, hasher(prompt)).unwrap()
     }
 
     fn hinted(window: &Arc<Window>, prompt: &str, size: u32) -> Ticket {
-        window.join(NonZeroU32::new(size), hasher(prompt)).unwrap()
+        window
+            .join(NonZeroU32::new(size), 0, hasher(prompt))
+            .unwrap()
     }
 
     const TWO: &str = "windowDurationMs: 20\nendpoints:\n  - {id: a, address: '1.1.1.1:1'}\n  - {id: b, address: '1.1.1.2:1'}\n";
@@ -648,7 +689,7 @@ mod tests {
             .contains("burst_prefix_windows_sealed_total{reason=\"full\"} 1"));
         let (empty, _) = self::window("endpoints: []\n");
         assert_eq!(
-            empty.join(None, hasher("x")).err(),
+            empty.join(None, 0, hasher("x")).err(),
             Some(PlaceError::NoEndpoints)
         );
     }
@@ -663,7 +704,7 @@ mod tests {
         assert_eq!(second.window_id(), 2);
         let third = join(&window, "z");
         assert_eq!(window.open_requests(), Some((3, 1)), "full, but not sealed");
-        match window.join(None, hasher("w")) {
+        match window.join(None, 0, hasher("w")) {
             Err(PlaceError::BatchFull { limit: 1, .. }) => {}
             other => panic!("expected batch_full, got {:?}", other.err()),
         }
@@ -676,6 +717,25 @@ mod tests {
         }
         window.close().await;
         assert_eq!(third.placement().await.unwrap().window_id, 3);
+    }
+
+    #[tokio::test]
+    async fn the_byte_budget_refuses_beyond_it_but_always_takes_one() {
+        let metrics = Arc::new(Metrics::new());
+        let store = Arc::new(ConfigStore::new(ConfigSource::Demo, metrics.clone()));
+        store.apply_text(&TWO.replace("20", "10000")).unwrap();
+        let window = Window::new(store, Arc::default(), metrics, 1000);
+        let big = window.join(None, 5000, hasher("x")).unwrap();
+        let refused = window.join(None, 10, hasher("y"));
+        assert!(
+            matches!(refused, Err(PlaceError::WindowFull { limit: 1000, .. })),
+            "{:?}",
+            refused.err()
+        );
+        drop(big);
+        let small = window.join(None, 100, hasher("y")).unwrap();
+        assert!(window.join(None, 100, hasher("z")).is_ok());
+        drop(small);
     }
 
     #[tokio::test]
@@ -750,7 +810,7 @@ mod tests {
             (1, SealReason::Shutdown)
         );
         assert_eq!(
-            window.join(None, hasher("x")).err(),
+            window.join(None, 0, hasher("x")).err(),
             Some(PlaceError::ShuttingDown)
         );
     }
@@ -760,7 +820,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigSource::Demo, metrics.clone()));
         store.apply_text(TWO).unwrap();
-        let window = Window::new(store.clone(), metrics);
+        let window = Window::new(store.clone(), Arc::default(), metrics, usize::MAX);
         let first = join(&window, "0123456789abcdef");
         store
             .apply_text(&format!("blockSizeTokens: 1\n{TWO}"))

@@ -43,7 +43,9 @@ impl From<RequestError> for ApiError {
 pub fn place_status(error: &PlaceError) -> StatusCode {
     match error {
         PlaceError::BadRequest(_) => StatusCode::BAD_REQUEST,
-        PlaceError::BatchFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+        PlaceError::BatchFull { .. } | PlaceError::WindowFull { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         PlaceError::NoEndpoints | PlaceError::NoEligibleEndpoint | PlaceError::ShuttingDown => {
             StatusCode::SERVICE_UNAVAILABLE
         }

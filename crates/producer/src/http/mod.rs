@@ -139,6 +139,7 @@ async fn produce_inner(
             body: &body,
             subset: None,
             hints,
+            held_bytes: 0,
         })
         .await?;
     drop(body);

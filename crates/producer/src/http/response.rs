@@ -124,6 +124,7 @@ mod tests {
         Placement {
             assigned,
             total_blocks,
+            group: 0,
             endpoints: endpoints.map(|ids| ids.iter().map(|id| id.to_string()).collect()),
             window_id: 3,
             window_size: 2,
