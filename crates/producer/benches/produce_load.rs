@@ -30,7 +30,8 @@ use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
-use burst_prefix_producer::serve::{Listener, Role, Service};
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{Role, Service};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
@@ -307,14 +308,9 @@ async fn start_producer(window_ms: u64) -> Service {
         .store
         .apply_text(&format!("windowDurationMs: {window_ms}\n{config}"))
         .unwrap();
-    let loopback = "127.0.0.1:0".parse().unwrap();
-    let listeners = vec![
-        Listener::bind(Role::Api, loopback, "api").await.unwrap(),
-        Listener::bind(Role::Admin, loopback, "admin")
-            .await
-            .unwrap(),
-    ];
-    Service::start(producer, listeners).unwrap()
+    Service::on_loopback(producer, ProxyConfig::default())
+        .await
+        .unwrap()
 }
 
 /// The same axum server, with a `/v1/produce` that reads the body and answers at once.
@@ -520,7 +516,7 @@ fn main() {
         100.0 * fast_rps.0 / noop_rps.0
     );
     servers.block_on(async {
-        producer.shutdown().await;
-        fast.shutdown().await;
+        producer.shutdown(Duration::from_secs(10)).await;
+        fast.shutdown(Duration::from_secs(10)).await;
     });
 }

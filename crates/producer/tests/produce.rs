@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use burst_prefix_producer::core::Limits;
 use common::{completion, endpoints, sample, Local};
@@ -98,7 +99,7 @@ async fn k_splits_a_group_as_the_spec_says() {
         .await;
         let answers = burst(&local, &completion("the same rollout prompt"), 8).await;
         assert_eq!(spread(&answers), expected, "k = {k}");
-        local.service.shutdown().await;
+        local.service.shutdown(Duration::from_secs(10)).await;
     }
 }
 

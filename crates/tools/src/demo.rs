@@ -21,7 +21,8 @@ use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::request::InferenceRequest;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::http::response::ProduceResponse;
-use burst_prefix_producer::serve::{init_logging, Listener, LogArgs, LogFormat, Role, Service};
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{init_logging, LogArgs, LogFormat, Role, Service};
 
 const MODEL: &str = "Qwen/Qwen2.5-Math-7B-Instruct";
 const PROMPTS: usize = 6;
@@ -208,12 +209,7 @@ pub async fn demo() -> Result<String, String> {
         .store
         .apply(config.clone())
         .map_err(|e| format!("the built-in config: {e}"))?;
-    let loopback = "127.0.0.1:0".parse().expect("an address");
-    let listeners = vec![
-        Listener::bind(Role::Api, loopback, "the demo's API").await?,
-        Listener::bind(Role::Admin, loopback, "the demo's admin port").await?,
-    ];
-    let service = Service::start(producer, listeners).map_err(|e| e.to_string())?;
+    let service = Service::on_loopback(producer, ProxyConfig::default()).await?;
     let api_addr = service.addr(Role::Api).expect("bound");
     let url = format!("http://{api_addr}/v1/produce");
 
@@ -244,7 +240,7 @@ pub async fn demo() -> Result<String, String> {
         }
     });
     let responses = futures::future::join_all(sends).await;
-    service.shutdown().await;
+    service.shutdown(std::time::Duration::from_secs(10)).await;
     let responses = responses.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok(report(
         &config,

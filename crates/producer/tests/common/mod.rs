@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
-use burst_prefix_producer::serve::{Listener, Role, Service};
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{Role, Service};
 use serde_json::Value;
 
 /// How long any wait for an event may take before the test fails (generous: a loaded machine).
@@ -45,14 +46,9 @@ impl Local {
             .store
             .apply_text(yaml)
             .expect("a valid test config");
-        let loopback = "127.0.0.1:0".parse().unwrap();
-        let listeners = vec![
-            Listener::bind(Role::Api, loopback, "api").await.unwrap(),
-            Listener::bind(Role::Admin, loopback, "admin")
-                .await
-                .unwrap(),
-        ];
-        let service = Service::start(producer, listeners).unwrap();
+        let service = Service::on_loopback(producer, ProxyConfig::default())
+            .await
+            .unwrap();
         Local {
             base: format!("http://{}", service.addr(Role::Api).unwrap()),
             admin: format!("http://{}", service.addr(Role::Admin).unwrap()),
