@@ -53,13 +53,13 @@ enum Command {
     /// answered with per-endpoint prefix matches. The config comes from --config FILE or
     /// --configmap NAMESPACE/NAME and is reloaded on change. SIGTERM/SIGINT answer the open
     /// window and exit 0; a startup failure exits 2.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => return serve::run(args),
+        Command::Serve(args) => return serve::run(*args),
         Command::Hash {
             block_size_tokens,
             max_prefix_tokens,
