@@ -113,13 +113,17 @@ impl LiveEndpoints {
         }
     }
 
-    /// Where a placed request goes: its assigned replica while it is usable, else the usable
-    /// candidate with the fewest requests in flight (ties: the lower id).
+    /// Where a placed request goes: its assigned replica while it is usable, else the first of
+    /// its group's fallbacks (where every member goes); without affinity, the usable candidate
+    /// with the fewest requests in flight (ties: the lower id).
     pub fn destination(&self, placement: &Placement, now: Instant) -> Option<usize> {
         let endpoints = &placement.snapshot.config.endpoints;
         let candidates = self.candidates(placement, now);
-        if let Some(assigned) = placement.assigned.filter(|a| candidates.contains(a)) {
-            return Some(assigned);
+        if let Some(assigned) = placement.assigned {
+            if candidates.contains(&assigned) {
+                return Some(assigned);
+            }
+            return self.fallbacks(placement, &[assigned], now).first().copied();
         }
         candidates.into_iter().min_by(|&a, &b| {
             let key = |i: usize| (self.in_flight(&endpoints[i].id), endpoints[i].id.as_bytes());
@@ -199,7 +203,14 @@ mod tests {
         assert_eq!(live.destination(&placement(None, 7), now), Some(2));
         live.cool_down("e3", now + Duration::from_secs(1));
         live.cool_down("e2", now + Duration::from_secs(1));
-        assert_eq!(live.destination(&placement(Some(3), 7), now), Some(4));
+        // The assigned one cools down: the group's first fallback, whoever asks.
+        let fallback = live.fallbacks(&placement(Some(3), 7), &[3], now)[0];
+        assert_eq!(
+            live.destination(&placement(Some(3), 7), now),
+            Some(fallback)
+        );
+        assert!(![2, 3].contains(&fallback));
+        assert_eq!(live.destination(&placement(None, 7), now), Some(4));
         // Cooled down: usable again.
         assert_eq!(
             live.destination(&placement(Some(3), 7), now + Duration::from_secs(2)),
