@@ -17,10 +17,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WINDOW_BYTES};
-use crate::http;
 use crate::listen::{self, ConnectionLimits};
 use crate::proxy::{self, ProxyConfig};
 use crate::sources::{configmap, Source};
+use crate::{epp, http};
 
 #[derive(Args, Debug, Clone)]
 #[command(group(ArgGroup::new("source").required(true).args(["config", "configmap"])))]
@@ -29,6 +29,11 @@ pub struct ServeArgs {
     /// OpenAI-compatible proxy: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
     #[arg(long, env = "BURST_PREFIX_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    /// Address of the endpoint picker for Gateway API Inference Extension gateways: Envoy's
+    /// ext_proc gRPC service (h2c), and gRPC health for `liveness`, `readiness` and
+    /// `envoy.service.ext_proc.v3.ExternalProcessor`.
+    #[arg(long, env = "BURST_PREFIX_EPP_LISTEN", default_value = "0.0.0.0:9002")]
+    pub epp_listen: SocketAddr,
     /// Address of the admin port: GET /healthz, GET /readyz, GET /metrics.
     #[arg(
         long,
@@ -241,6 +246,14 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         )
         .await?,
         Listener::bind(
+            Role::Epp,
+            args.epp_listen,
+            "--epp-listen",
+            epp::router(producer.clone()),
+            args.connections.api(),
+        )
+        .await?,
+        Listener::bind(
             Role::Admin,
             args.admin_listen,
             "--admin-listen",
@@ -252,6 +265,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let service = Service::start(producer, listeners).map_err(|e| e.to_string())?;
     tracing::info!(
         api = %service.addr(Role::Api).expect("bound"),
+        epp = %service.addr(Role::Epp).expect("bound"),
         admin = %service.addr(Role::Admin).expect("bound"),
         source = %service.producer.store.source(),
         "listening"
@@ -292,6 +306,8 @@ pub fn api_router(producer: &Producer, proxy: ProxyConfig) -> Router {
 pub enum Role {
     /// The JSON API and the proxy ([`api_router`]).
     Api,
+    /// The endpoint picker (gRPC).
+    Epp,
     /// `/healthz`, `/readyz`, `/metrics`.
     Admin,
 }
@@ -356,7 +372,7 @@ impl Service {
         })
     }
 
-    /// The API and admin listeners on ephemeral loopback ports, default limits: for the demo,
+    /// The API, endpoint picker and admin listeners on ephemeral loopback ports, default limits: for the demo,
     /// benches and tests.
     pub async fn on_loopback(producer: Producer, proxy: ProxyConfig) -> Result<Service, String> {
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -366,6 +382,14 @@ impl Service {
                 loopback,
                 "the API port",
                 api_router(&producer, proxy),
+                ConnectionLimits::default(),
+            )
+            .await?,
+            Listener::bind(
+                Role::Epp,
+                loopback,
+                "the endpoint picker port",
+                epp::router(producer.clone()),
                 ConnectionLimits::default(),
             )
             .await?,

@@ -257,7 +257,10 @@ async fn a_dead_replica_is_retried_and_a_group_fails_over_together() {
     assert_eq!(served.len(), 1, "the group split on failover: {served:?}");
     assert!(!served.contains("ns/a"));
     let metrics = local.metrics().await;
-    assert_eq!(sample(&metrics, "burst_prefix_upstream_retries_total"), 6.0);
+    // Members forwarded before the first refusal are retried; later ones skip the cooling
+    // replica and go straight to the same fallback.
+    let retries = sample(&metrics, "burst_prefix_upstream_retries_total");
+    assert!((1.0..=6.0).contains(&retries), "{retries}");
     assert!(
         sample(
             &metrics,
@@ -269,7 +272,10 @@ async fn a_dead_replica_is_retried_and_a_group_fails_over_together() {
     assert_eq!(response.status(), 200);
     assert_ne!(header(&response, "x-burst-prefix-endpoint"), "ns/a");
     let metrics = local.metrics().await;
-    assert_eq!(sample(&metrics, "burst_prefix_upstream_retries_total"), 6.0);
+    assert_eq!(
+        sample(&metrics, "burst_prefix_upstream_retries_total"),
+        retries
+    );
     // No request reached a live upstream twice.
     let reached: usize = stubs.iter().map(|s| s.requests().len()).sum();
     assert_eq!(reached, 7);

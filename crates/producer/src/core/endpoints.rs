@@ -125,10 +125,26 @@ impl LiveEndpoints {
             }
             return self.fallbacks(placement, &[assigned], now).first().copied();
         }
-        candidates.into_iter().min_by(|&a, &b| {
-            let key = |i: usize| (self.in_flight(&endpoints[i].id), endpoints[i].id.as_bytes());
-            key(a).cmp(&key(b))
-        })
+        self.by_load(endpoints, now, |i| candidates.contains(&i))
+            .first()
+            .copied()
+    }
+
+    /// The usable endpoints that `allowed` lets through, fewest requests in flight first (ties:
+    /// the lower id).
+    pub fn by_load(
+        &self,
+        endpoints: &[Endpoint],
+        now: Instant,
+        allowed: impl Fn(usize) -> bool,
+    ) -> Vec<usize> {
+        let mut order: Vec<usize> = self
+            .usable(endpoints, now)
+            .into_iter()
+            .filter(|&i| allowed(i))
+            .collect();
+        order.sort_by_cached_key(|&i| (self.in_flight(&endpoints[i].id), endpoints[i].id.clone()));
+        order
     }
 
     /// The usable candidates of a placed request other than `tried`, in the order to try them:

@@ -118,6 +118,8 @@ pub struct Metrics {
     upstream_retries: IntCounter,
     upstream_in_flight: IntGaugeVec,
     upstream_cooldowns: IntCounterVec,
+    epp_served: IntCounterVec,
+    epp_immediate: IntCounterVec,
 }
 
 impl Metrics {
@@ -229,6 +231,22 @@ impl Metrics {
             &["endpoint"],
         )
         .unwrap();
+        let epp_served = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_epp_served_total",
+                "Requests a gateway reported served (x-gateway-destination-endpoint-served), by endpoint",
+            ),
+            &["endpoint"],
+        )
+        .unwrap();
+        let epp_immediate = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_epp_immediate_responses_total",
+                "Requests the endpoint picker answered itself instead of routing them, by HTTP status",
+            ),
+            &["status"],
+        )
+        .unwrap();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(window_size.clone()),
@@ -244,6 +262,8 @@ impl Metrics {
             Box::new(upstream_retries.clone()),
             Box::new(upstream_in_flight.clone()),
             Box::new(upstream_cooldowns.clone()),
+            Box::new(epp_served.clone()),
+            Box::new(epp_immediate.clone()),
         ] {
             registry.register(collector).unwrap();
         }
@@ -281,7 +301,19 @@ impl Metrics {
             upstream_retries,
             upstream_in_flight,
             upstream_cooldowns,
+            epp_served,
+            epp_immediate,
         }
+    }
+
+    pub fn epp_served(&self, endpoint: &str) {
+        self.epp_served.with_label_values(&[endpoint]).inc();
+    }
+
+    pub fn epp_immediate(&self, status: u16) {
+        self.epp_immediate
+            .with_label_values(&[&status.to_string()])
+            .inc();
     }
 
     pub fn upstream_request(&self, endpoint: &str, class: UpstreamClass) {

@@ -472,10 +472,9 @@ async fn models(State(proxy): State<Arc<Proxy>>, headers: HeaderMap) -> Response
     let endpoints = &snapshot.config.endpoints;
     let live = &proxy.producer.live;
     let by_load = |tried: &[usize]| {
-        live.usable(endpoints, Instant::now())
-            .into_iter()
-            .filter(|i| !tried.contains(i))
-            .min_by_key(|&i| (live.in_flight(&endpoints[i].id), endpoints[i].id.as_bytes()))
+        live.by_load(endpoints, Instant::now(), |i| !tried.contains(&i))
+            .first()
+            .copied()
     };
     let first = by_load(&[]).expect("a usable endpoint is never missing");
     let request = Outgoing {

@@ -32,6 +32,8 @@ pub struct Local {
     pub service: Service,
     pub base: String,
     pub admin: String,
+    /// `http://ip:port` of the endpoint picker (gRPC).
+    pub epp: String,
     pub client: reqwest::Client,
 }
 
@@ -52,6 +54,7 @@ impl Local {
         Local {
             base: format!("http://{}", service.addr(Role::Api).unwrap()),
             admin: format!("http://{}", service.addr(Role::Admin).unwrap()),
+            epp: format!("http://{}", service.addr(Role::Epp).unwrap()),
             service,
             client: reqwest::Client::builder()
                 .timeout(PATIENCE)

@@ -1,0 +1,452 @@
+//! Endpoint picker mode (SPEC §9): the Endpoint Picker Protocol of the Gateway API Inference
+//! Extension, so that any GAIE gateway (Envoy Gateway, kgateway, Istio, GKE Gateway) can use
+//! burst-prefix as an `InferencePool`'s endpoint picker.
+//!
+//! It is Envoy's external processing gRPC service (`envoy.service.ext_proc.v3.ExternalProcessor`),
+//! one stream per HTTP request:
+//!
+//! 1. Request headers: the subset hint (filter metadata `envoy.lb.subset_hint`) and the
+//!    `x-burst-prefix-group-size` hint are kept. With no body, the request goes to the least busy
+//!    candidate at once. In `BUFFERED` body mode the headers are answered at once (the data plane
+//!    waits for that before it sends the body); in `FULL_DUPLEX_STREAMED` mode they are answered
+//!    with the routing decision.
+//! 2. Request body, in one or several chunks until `end_of_stream`: the request joins the window
+//!    like `/v1/produce` and is answered with header `x-gateway-destination-endpoint:
+//!    ip:port[,ip:port...]` (its replica first, then its group's fallbacks) and the same value in
+//!    dynamic metadata `envoy.lb`; in full duplex the body goes back unchanged. Refusals are an
+//!    `ImmediateResponse`: 400 (bad body, naming the field), 413 (too large), 429 (window full),
+//!    503 (no endpoint, or none of the subset is eligible).
+//! 3. Response path: `envoy.lb` / `x-gateway-destination-endpoint-served` is counted per
+//!    endpoint; headers, body chunks and trailers pass through.
+//!
+//! A request counts as in flight on its endpoint until its stream ends: the planner gets the
+//! count as running requests, as in proxy mode. gRPC health (`grpc.health.v1`) answers for
+//! `liveness` (the process serves), `readiness` and the ext_proc service (ready: a config with
+//! endpoints is in force, this producer leads, and it is not shutting down).
+
+pub mod messages;
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request, CommonResponse, ProcessingRequest, ProcessingResponse,
+};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+use tonic_health::ServingStatus;
+
+use crate::core::endpoints::InFlight;
+use crate::core::error::retry_after_seconds;
+use crate::core::request::{Hints, RequestError};
+use crate::core::{PlaceError, PlaceRequest, Producer};
+use crate::http::error::place_status;
+use crate::http::GROUP_SIZE_HEADER;
+use messages::Routing;
+
+/// The gRPC service name of the ext_proc service, as health checks name it.
+pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+/// At most this many endpoints in `x-gateway-destination-endpoint`: the pick, then fallbacks.
+pub const MAX_DESTINATIONS: usize = 4;
+
+/// The gRPC services of the endpoint-picker port: ext_proc and health. Needs a runtime: it
+/// starts the task that keeps the health statuses current.
+pub fn router(producer: Producer) -> Router {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let watched = producer.clone();
+    tokio::spawn(async move { keep_health_current(watched, health).await });
+    tonic::service::Routes::new(ExternalProcessorServer::new(Epp { producer }))
+        .add_service(health_service)
+        .into_axum_router()
+}
+
+/// `liveness` serves while the process does; `readiness` and the ext_proc service follow
+/// [`Producer::ready`].
+async fn keep_health_current(producer: Producer, health: tonic_health::server::HealthReporter) {
+    health.set_service_status("", ServingStatus::Serving).await;
+    health
+        .set_service_status("liveness", ServingStatus::Serving)
+        .await;
+    let mut last = None;
+    let mut ticks = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        ticks.tick().await;
+        let ready = producer.ready();
+        if last != Some(ready) {
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for service in ["readiness", EXT_PROC_SERVICE] {
+                health.set_service_status(service, status).await;
+            }
+            last = Some(ready);
+        }
+    }
+}
+
+struct Epp {
+    producer: Producer,
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Epp {
+    type ProcessStream = Responses;
+
+    async fn process(
+        &self,
+        request: tonic::Request<Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Responses>, Status> {
+        let inbound = request.into_inner();
+        let (responses, outbound) = mpsc::channel(8);
+        let stream = HttpStream::new(self.producer.clone(), responses);
+        tokio::spawn(stream.run(inbound));
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(outbound),
+        )))
+    }
+}
+
+/// How the data plane sends a body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyMode {
+    /// `FULL_DUPLEX_STREAMED` (what GAIE gateways use, and the default when the data plane does
+    /// not say): chunks arrive without waiting; the processor answers once it has decided and
+    /// hands the body back.
+    FullDuplex,
+    /// `BUFFERED`: the data plane waits for the headers' answer, then sends the whole body.
+    Buffered,
+    /// `NONE`: no body is sent; routing cannot look at the prompt.
+    NoBody,
+    /// `STREAMED` or a mode this processor cannot route with (the headers would be gone before
+    /// the prompt is read).
+    Unsupported(i32),
+}
+
+impl BodyMode {
+    fn of(mode: i32) -> Self {
+        match BodySendMode::try_from(mode) {
+            Ok(BodySendMode::FullDuplexStreamed) => BodyMode::FullDuplex,
+            Ok(BodySendMode::Buffered) | Ok(BodySendMode::BufferedPartial) => BodyMode::Buffered,
+            Ok(BodySendMode::None) => BodyMode::NoBody,
+            _ => BodyMode::Unsupported(mode),
+        }
+    }
+}
+
+/// One HTTP request's ext_proc stream.
+struct HttpStream {
+    producer: Producer,
+    responses: mpsc::Sender<Result<ProcessingResponse, Status>>,
+    request_mode: BodyMode,
+    response_full_duplex: bool,
+    subset: Option<Vec<String>>,
+    hints: Hints,
+    body: Vec<u8>,
+    /// The routing decision was sent (or an immediate response ended the request).
+    decided: bool,
+    /// Counted in flight on its endpoint until the stream ends.
+    in_flight: Option<(String, InFlight)>,
+}
+
+/// Why a stream ends early: the data plane is gone, or the request was answered immediately.
+struct Ended;
+
+impl HttpStream {
+    fn new(
+        producer: Producer,
+        responses: mpsc::Sender<Result<ProcessingResponse, Status>>,
+    ) -> Self {
+        HttpStream {
+            producer,
+            responses,
+            request_mode: BodyMode::FullDuplex,
+            response_full_duplex: true,
+            subset: None,
+            hints: Hints::default(),
+            body: Vec::new(),
+            decided: false,
+            in_flight: None,
+        }
+    }
+
+    async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
+        let mut first = true;
+        loop {
+            let message = tokio::select! {
+                message = inbound.message() => message,
+                // The data plane cancelled the stream (the client went away).
+                () = self.responses.closed() => return,
+            };
+            let message = match message {
+                Ok(Some(message)) => message,
+                Ok(None) => return,
+                Err(status) => {
+                    tracing::debug!(%status, "ext_proc stream ended with an error");
+                    return;
+                }
+            };
+            if std::mem::take(&mut first) {
+                if let Some(config) = message.protocol_config {
+                    self.request_mode = BodyMode::of(config.request_body_mode);
+                    self.response_full_duplex =
+                        BodyMode::of(config.response_body_mode) == BodyMode::FullDuplex;
+                }
+            }
+            if self.handle(message).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn handle(&mut self, message: ProcessingRequest) -> Result<(), Ended> {
+        use processing_request::Request;
+        let metadata = message.metadata_context.as_ref();
+        match message.request {
+            Some(Request::RequestHeaders(headers)) => {
+                self.subset = messages::subset(metadata);
+                match self.header_hints(headers.headers.as_ref()) {
+                    Ok(hints) => self.hints = hints,
+                    Err(error) => return self.refuse(&PlaceError::BadRequest(error)).await,
+                }
+                match self.request_mode {
+                    _ if headers.end_of_stream => self.route_without_body().await,
+                    BodyMode::NoBody => self.route_without_body().await,
+                    BodyMode::Buffered => {
+                        self.send(messages::request_headers(CommonResponse::default(), None))
+                            .await
+                    }
+                    BodyMode::FullDuplex => Ok(()),
+                    BodyMode::Unsupported(mode) => {
+                        self.immediate(
+                            500,
+                            "unsupported_body_mode",
+                            &format!(
+                                "request_body_mode {mode} cannot be routed by prompt; \
+                                 configure FULL_DUPLEX_STREAMED or BUFFERED"
+                            ),
+                            None,
+                        )
+                        .await
+                    }
+                }
+            }
+            Some(Request::RequestBody(body)) if !self.decided => {
+                self.body.extend_from_slice(&body.body);
+                let limit = self.producer.limits.max_body_bytes;
+                if self.body.len() > limit {
+                    return self
+                        .immediate(
+                            413,
+                            "body_too_large",
+                            &format!("the request body is larger than the limit of {limit} bytes"),
+                            None,
+                        )
+                        .await;
+                }
+                if body.end_of_stream {
+                    self.route_with_body(true).await
+                } else {
+                    Ok(())
+                }
+            }
+            Some(Request::RequestTrailers(_)) => {
+                if !self.decided {
+                    // Trailers end a body whose last chunk did not say so.
+                    self.route_with_body(false).await?;
+                }
+                self.send(messages::request_trailers()).await
+            }
+            Some(Request::ResponseHeaders(_)) => {
+                if let Some(address) = messages::served(metadata) {
+                    self.count_served(&address);
+                }
+                self.send(messages::response_headers()).await
+            }
+            Some(Request::ResponseBody(body)) => {
+                let answer = if self.response_full_duplex {
+                    messages::streamed_body(body.body, body.end_of_stream)
+                } else {
+                    CommonResponse::default()
+                };
+                self.send(messages::response_body(answer)).await
+            }
+            Some(Request::ResponseTrailers(_)) => self.send(messages::response_trailers()).await,
+            // A body after the decision (a data plane that misbehaves), or nothing: no answer.
+            Some(Request::RequestBody(_)) | None => Ok(()),
+        }
+    }
+
+    fn header_hints(
+        &self,
+        headers: Option<&envoy_types::pb::envoy::config::core::v3::HeaderMap>,
+    ) -> Result<Hints, RequestError> {
+        let Some(value) = messages::header(headers, GROUP_SIZE_HEADER) else {
+            return Ok(Hints::default());
+        };
+        let group_size = value.trim().parse().map_err(|_| RequestError::Field {
+            field: format!("header {GROUP_SIZE_HEADER}"),
+            problem: format!("expected an integer >= 1, got {value:?}"),
+        })?;
+        Ok(Hints {
+            group_size: Some(group_size),
+        })
+    }
+
+    /// A request without a body: the least busy usable candidate.
+    async fn route_without_body(&mut self) -> Result<(), Ended> {
+        let Some(snapshot) = self
+            .producer
+            .store
+            .current()
+            .filter(|s| !s.config.endpoints.is_empty())
+        else {
+            return self.refuse(&PlaceError::NoEndpoints).await;
+        };
+        let endpoints = &snapshot.config.endpoints;
+        let subset = self.subset.as_deref();
+        let order = self.producer.live.by_load(endpoints, Instant::now(), |i| {
+            subset.is_none_or(|s| s.contains(&endpoints[i].address))
+        });
+        if order.is_empty() {
+            return self.refuse(&PlaceError::NoEligibleEndpoint).await;
+        }
+        let picked: Vec<&str> = order
+            .iter()
+            .take(MAX_DESTINATIONS)
+            .map(|&i| endpoints[i].address.as_str())
+            .collect();
+        self.start_in_flight(&endpoints[order[0]].id);
+        let routing = Routing::new(&picked.join(","), None);
+        self.decided = true;
+        self.send(messages::request_headers(
+            routing.mutation,
+            Some(routing.metadata),
+        ))
+        .await
+    }
+
+    /// The body is complete (`end_of_stream` says whether its last chunk said so): place it.
+    async fn route_with_body(&mut self, end_of_stream: bool) -> Result<(), Ended> {
+        let body = std::mem::take(&mut self.body);
+        let producer = self.producer.clone();
+        let place = producer.place(PlaceRequest {
+            body: &body,
+            subset: self.subset.as_deref(),
+            hints: self.hints,
+            held_bytes: body.len(),
+        });
+        // If the data plane cancels the stream meanwhile, the request leaves the window.
+        let placement = tokio::select! {
+            placement = place => placement,
+            () = self.responses.closed() => return Err(Ended),
+        };
+        let placement = match placement {
+            Ok(placement) => placement,
+            Err(error) => return self.refuse(&error).await,
+        };
+        let live = &self.producer.live;
+        let now = Instant::now();
+        let Some(first) = live.destination(&placement, now) else {
+            return self.refuse(&PlaceError::NoEligibleEndpoint).await;
+        };
+        let endpoints = &placement.snapshot.config.endpoints;
+        let mut picked = vec![endpoints[first].address.as_str()];
+        picked.extend(
+            live.fallbacks(&placement, &[first], now)
+                .into_iter()
+                .take(MAX_DESTINATIONS - 1)
+                .map(|i| endpoints[i].address.as_str()),
+        );
+        let destinations = picked.join(",");
+        self.start_in_flight(&endpoints[first].id);
+        self.decided = true;
+        tracing::debug!(window = placement.window_id, %destinations, "picked");
+        match self.request_mode {
+            BodyMode::Buffered => {
+                let routing = Routing::new(&destinations, None);
+                self.send(messages::request_body(
+                    routing.mutation,
+                    Some(routing.metadata),
+                ))
+                .await
+            }
+            _ => {
+                // Full duplex: route with the headers, then hand the body back unchanged.
+                let routing = Routing::new(&destinations, Some(body.len()));
+                self.send(messages::request_headers(
+                    routing.mutation,
+                    Some(routing.metadata),
+                ))
+                .await?;
+                self.send(messages::request_body(
+                    messages::streamed_body(body, end_of_stream),
+                    None,
+                ))
+                .await
+            }
+        }
+    }
+
+    fn start_in_flight(&mut self, id: &str) {
+        self.in_flight = Some((id.to_string(), self.producer.live.start(id)));
+    }
+
+    /// The data plane says which endpoint served: count it, and move the in-flight count there.
+    fn count_served(&mut self, address: &str) {
+        let Some(snapshot) = self.producer.store.current() else {
+            return;
+        };
+        let Some(endpoint) = snapshot
+            .config
+            .endpoints
+            .iter()
+            .find(|e| e.address == address)
+        else {
+            return;
+        };
+        self.producer.metrics.epp_served(&endpoint.id);
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(|(id, _)| id != &endpoint.id)
+        {
+            self.start_in_flight(&endpoint.id);
+        }
+    }
+
+    async fn refuse(&mut self, error: &PlaceError) -> Result<(), Ended> {
+        let status = place_status(error).as_u16();
+        let retry_after = error.retry_after().map(retry_after_seconds);
+        self.immediate(status, error.code(), &error.to_string(), retry_after)
+            .await
+    }
+
+    /// Answers the request instead of routing it; the stream ends.
+    async fn immediate(
+        &mut self,
+        status: u16,
+        code: &str,
+        message: &str,
+        retry_after: Option<u64>,
+    ) -> Result<(), Ended> {
+        self.decided = true;
+        self.producer.metrics.epp_immediate(status);
+        self.send(messages::immediate(status, code, message, retry_after))
+            .await?;
+        Err(Ended)
+    }
+
+    async fn send(&self, response: ProcessingResponse) -> Result<(), Ended> {
+        self.responses.send(Ok(response)).await.map_err(|_| Ended)
+    }
+}
