@@ -293,7 +293,8 @@ pub async fn start_producer(control_plane: &ControlPlane, namespace: &str, name:
         .env("KUBECONFIG", &kubeconfig)
         .args(["serve", "--configmap", &format!("{namespace}/{name}")])
         .args(["--listen", &format!("127.0.0.1:{api_port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        .args(["--epp-listen", "127.0.0.1:0"]);
     Producer {
         process: Process::spawn("producer", &mut command, control_plane.dir()),
         api: format!("http://127.0.0.1:{api_port}"),

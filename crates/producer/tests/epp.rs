@@ -134,7 +134,6 @@ fn headers(
                     ..HeaderValue::default()
                 })
                 .collect(),
-                ..HeaderMap::default()
             }),
             end_of_stream,
             ..HttpHeaders::default()

@@ -164,7 +164,14 @@ impl Binary {
         let mut child = Command::new(env!("CARGO_BIN_EXE_burst-prefix-producer"))
             .envs(env.iter().copied())
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--epp-listen",
+                "127.0.0.1:0",
+            ])
             .args(["--log-format", "json", "--log-level", "info"])
             .args(args)
             .stdin(Stdio::null())
