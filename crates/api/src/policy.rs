@@ -326,7 +326,12 @@ pub fn crd() -> CustomResourceDefinition {
 fn validation(rule: &CelRule) -> ValidationRule {
     ValidationRule {
         rule: rule.rule.to_string(),
-        message: Some(rule.message.split_whitespace().collect::<Vec<_>>().join(" ")),
+        message: Some(
+            rule.message
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
         reason: Some("FieldValueInvalid".to_string()),
         ..ValidationRule::default()
     }
@@ -373,8 +378,7 @@ fn children(schema: &mut JSONSchemaProps) -> Vec<&mut JSONSchemaProps> {
         Some(JSONSchemaPropsOrArray::Schemas(items)) => children.extend(items.iter_mut()),
         None => {}
     }
-    if let Some(JSONSchemaPropsOrBool::Schema(additional)) = schema.additional_properties.as_mut()
-    {
+    if let Some(JSONSchemaPropsOrBool::Schema(additional)) = schema.additional_properties.as_mut() {
         children.push(additional);
     }
     children
@@ -445,7 +449,12 @@ mod tests {
             // No second message from an OpenAPI bound on the same field.
             let mut spec = spec.clone();
             if let Some(field) = path(&mut spec, rule.field) {
-                assert_eq!((field.minimum, field.maximum), (None, None), "{}", rule.field);
+                assert_eq!(
+                    (field.minimum, field.maximum),
+                    (None, None),
+                    "{}",
+                    rule.field
+                );
             }
         }
         assert_eq!(rules.len(), RULES.len() + SPEC_RULES.len());
@@ -484,12 +493,19 @@ mod tests {
             }
         }
         let root = root_schema();
-        assert!(root.description.as_deref().unwrap().starts_with("A BurstPrefixPolicy"));
+        assert!(root
+            .description
+            .as_deref()
+            .unwrap()
+            .starts_with("A BurstPrefixPolicy"));
         let mut missing = Vec::new();
         walk(&root, "", &mut missing);
         // apiVersion, kind and metadata are described by Kubernetes itself.
         missing.retain(|m| ![".apiVersion", ".kind", ".metadata"].contains(&m.as_str()));
-        assert!(missing.is_empty(), "fields without a description: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "fields without a description: {missing:?}"
+        );
     }
 
     #[test]

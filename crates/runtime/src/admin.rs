@@ -99,7 +99,10 @@ mod tests {
             }),
             registry,
         );
-        assert_eq!(get(&router, "/healthz").await, (StatusCode::OK, "ok\n".into()));
+        assert_eq!(
+            get(&router, "/healthz").await,
+            (StatusCode::OK, "ok\n".into())
+        );
         assert_eq!(
             get(&router, "/readyz").await,
             (

@@ -118,7 +118,9 @@ mod tests {
     use super::*;
 
     fn refused(code: u16) -> kube::Error {
-        kube::Error::Api(Box::new(kube::core::Status::failure("denied", "Forbidden").with_code(code)))
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("denied", "Forbidden").with_code(code),
+        ))
     }
 
     #[test]

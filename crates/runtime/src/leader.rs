@@ -83,8 +83,12 @@ impl Leadership {
         let task = tokio::spawn(async move {
             match task.await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::error!(lease = %task_lease, error = %e, "the Lease manager stopped"),
-                Err(e) => tracing::error!(lease = %task_lease, error = %e, "the Lease manager panicked"),
+                Ok(Err(e)) => {
+                    tracing::error!(lease = %task_lease, error = %e, "the Lease manager stopped")
+                }
+                Err(e) => {
+                    tracing::error!(lease = %task_lease, error = %e, "the Lease manager panicked")
+                }
             }
         });
         Ok(Leadership {
