@@ -9,7 +9,7 @@
 //! metadata only, Running ones, optionally narrowed by `--pod-selector`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use burst_prefix_api::policy::{BurstPrefixPolicy, BurstPrefixPolicyStatus, PoolRef};
@@ -32,7 +32,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use crate::apply::{apply_all, apply_status};
+use crate::apply::{apply_all, apply_status, Accepted};
 use crate::backoff::RetryBackoff;
 use crate::desired::{child_name, desired, producer_url, ProducerDefaults, CHILD_SELECTOR};
 use crate::endpoints::endpoints;
@@ -41,6 +41,10 @@ use crate::metrics::Metrics;
 use crate::pool_api::{self, PoolApi};
 use crate::status::{is_ready, status, Observed, Problem};
 use crate::validate::{validate, ImagePolicy};
+
+/// The [`ApiAccess`] source of the API calls reconciles make (besides the watches): refused
+/// from the first 401/403 until any reconcile succeeds.
+const RECONCILE: &str = "the operator's reconcile requests";
 
 /// A policy as watched: its spec may not deserialize.
 pub type Guarded = DeserializeGuard<BurstPrefixPolicy>;
@@ -67,6 +71,8 @@ pub struct Context {
     pub access: Arc<ApiAccess>,
     /// The selector each policy resolved to last time (`namespace/name`), for the pod mapper.
     selectors: RwLock<HashMap<String, Selector>>,
+    /// What the API server last accepted of each policy's children.
+    accepted: Mutex<HashMap<String, Accepted>>,
 }
 
 impl Context {
@@ -88,7 +94,24 @@ impl Context {
             pool_api,
             access,
             selectors: RwLock::new(HashMap::new()),
+            accepted: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Taken out for one reconcile (kube-runtime never runs two for one policy at once).
+    fn take_accepted(&self, key: &str) -> Accepted {
+        self.accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+            .unwrap_or_default()
+    }
+
+    fn keep_accepted(&self, key: String, accepted: Accepted) {
+        self.accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, accepted);
     }
 
     fn remember_selector(&self, key: &str, selector: &Selector) {
@@ -234,13 +257,11 @@ async fn pipeline(
     let found = discover(ctx, policy).await?;
     observed.endpoints = Some(Ok(found.len()));
     let children = desired(policy, found, &ctx.settings.producer);
-    let deployment = apply_all(&ctx.client, policy, &children).await;
-    if let Err(Error::Apply { source, .. }) = &deployment {
-        ctx.access.failed("apply", source);
-    } else {
-        ctx.access.allowed("apply");
-    }
-    observed.deployment = Some(deployment?);
+    let key = key_of(policy);
+    let mut accepted = ctx.take_accepted(&key);
+    let applied = apply_all(&ctx.client, policy, &children, &mut accepted).await;
+    ctx.keep_accepted(key, accepted);
+    observed.deployment = Some(applied?);
     observed.applied = Some(Ok(()));
     Ok(())
 }
@@ -272,6 +293,9 @@ async fn reconcile_policy(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<A
             (Ok(()), _) => {}
             // The failure that made this status matters more than failing to write it.
             (Err(error), Some(_)) => {
+                if let Some(kube_error) = error.kube_error() {
+                    ctx.access.failed(RECONCILE, kube_error);
+                }
                 warn!(policy = %key_of(policy), %error, "cannot write the status");
                 return Err(failure.expect("matched Some"));
             }
@@ -355,9 +379,9 @@ async fn publish(
         action: "Reconcile".to_string(),
         secondary: None,
     };
-    let result = ctx.recorder.publish(&event, reference).await;
-    ctx.access.record("create events", &result);
-    if let Err(error) = result {
+    // Not counted for readiness: Events are published only when something else already went
+    // wrong, so a refused one would never be followed by a success that clears it.
+    if let Err(error) = ctx.recorder.publish(&event, reference).await {
         warn!(%error, reason, "cannot publish an Event");
     }
 }
@@ -372,12 +396,13 @@ pub async fn reconcile(guarded: Arc<Guarded>, ctx: Arc<Context>) -> Result<Actio
     match result {
         Ok(action) => {
             ctx.backoff.succeeded(&key);
+            ctx.access.allowed(RECONCILE);
             ctx.metrics.reconciliations.with_label_values(&["ok"]).inc();
             Ok(action)
         }
         Err(error) => {
             if let Some(kube_error) = error.kube_error() {
-                ctx.access.failed("reconcile", kube_error);
+                ctx.access.failed(RECONCILE, kube_error);
             }
             let retry_in = ctx.backoff.failed(&key);
             warn!(policy = %key, reason = error.reason(), %error, retry_in_seconds = retry_in.as_secs_f64(), "reconcile failed");

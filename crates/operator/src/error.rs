@@ -18,24 +18,39 @@ pub enum Error {
     PoolNotFound(String),
     #[error("InferencePool {name}: {problem}")]
     InvalidPool { name: String, problem: String },
-    #[error("listing the endpoints failed: {0}")]
+    #[error("listing the endpoints failed: {}", api_message(.0))]
     Discovery(#[source] kube::Error),
-    /// The API server refused a child (dry run or apply); nothing of this attempt was applied
-    /// when the dry run refused it.
-    #[error("{object}: {source}")]
+    /// The API server refused a child: in the dry run (nothing of this attempt was applied) or
+    /// in the real apply (the children before it were).
+    #[error("{object}: {}; {}", api_message(.source), if *.dry_run {
+        "nothing of this change was applied"
+    } else {
+        "the children before it were applied, the next attempt continues"
+    })]
     Apply {
         object: String,
+        dry_run: bool,
         #[source]
         source: kube::Error,
     },
-    #[error("writing the status failed: {0}")]
+    #[error("writing the status failed: {}", api_message(.0))]
     Status(#[source] kube::Error),
     #[error("policy has no namespace")]
     NoNamespace,
     #[error("the BurstPrefixPolicy CRD is not installed: kubectl apply --server-side -f crds/burstprefixpolicies.yaml (or helm install the chart)")]
     CrdMissing,
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API: {}", api_message(.0))]
     Kube(#[from] kube::Error),
+}
+
+/// What the API server said, without kube's debug dump of the whole Status.
+pub fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if !status.message.is_empty() => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The conditions a failure makes False.

@@ -40,6 +40,9 @@ struct Verdict {
     state: State,
     reason: &'static str,
     message: String,
+    /// A failure of the pipeline (as opposed to waiting for pods or the Deployment): `Ready`
+    /// names a failure before anything it waits for.
+    failed: bool,
 }
 
 impl Verdict {
@@ -49,6 +52,14 @@ impl Verdict {
             state,
             reason,
             message,
+            failed: false,
+        }
+    }
+
+    fn failure(type_: &'static str, problem: &Problem, message: String) -> Self {
+        Verdict {
+            failed: true,
+            ..Verdict::new(type_, State::False, problem.reason, message)
         }
     }
 }
@@ -95,10 +106,9 @@ pub fn status(
             "Discovered",
             format!("{n} endpoints from ready pods"),
         ),
-        Some(Err(problem)) => Verdict::new(
+        Some(Err(problem)) => Verdict::failure(
             "EndpointsDiscovered",
-            State::False,
-            problem.reason,
+            problem,
             format!("{}; the producer keeps its last endpoints", problem.message),
         ),
         None => Verdict::new(
@@ -109,21 +119,22 @@ pub fn status(
         ),
     };
     let producer = match &observed.applied {
-        Some(Err(problem)) => Verdict::new(
+        Some(Err(problem)) => Verdict::failure(
             "ProducerAvailable",
-            State::False,
-            problem.reason,
+            problem,
             format!(
-                "{}; nothing of this change was applied, the producer keeps what it had",
+                "{}; the producer keeps running what it had",
                 problem.message
             ),
         ),
         _ => producer_verdict(observed.deployment.as_ref()),
     };
-    let ready = match [&config, &endpoints, &producer]
-        .into_iter()
-        .find(|v| v.state == State::False)
-    {
+    let stages = [&config, &endpoints, &producer];
+    let first_false = stages
+        .iter()
+        .find(|v| v.state == State::False && v.failed)
+        .or_else(|| stages.iter().find(|v| v.state == State::False));
+    let ready = match first_false {
         None if [&config, &endpoints, &producer]
             .iter()
             .all(|v| v.state == State::True) =>
@@ -355,6 +366,21 @@ mod tests {
             assert_eq!(get(&status, "Ready").reason, reason);
             assert!(get(&status, "Ready").message.starts_with(type_));
         }
+    }
+
+    #[test]
+    fn ready_names_a_failure_before_what_it_waits_for() {
+        let observed = Observed {
+            endpoints: Some(Ok(0)),
+            applied: Some(Err(problem(
+                "ApplyFailed",
+                "Deployment ml/rl-producer: 422",
+            ))),
+            ..observed()
+        };
+        let status = status(&observed, None, time(1));
+        assert_eq!(get(&status, "EndpointsDiscovered").reason, "NoReadyPods");
+        assert_eq!(get(&status, "Ready").reason, "ApplyFailed");
     }
 
     #[test]

@@ -60,7 +60,10 @@ impl ApiAccess {
                 .or_insert_with(|| Refusal {
                     since: Instant::now(),
                     code,
-                    message: error.to_string(),
+                    message: match error {
+                        kube::Error::Api(status) => status.message.clone(),
+                        other => other.to_string(),
+                    },
                 });
         }
     }
