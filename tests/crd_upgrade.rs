@@ -154,7 +154,18 @@ async fn helm_upgrade_updates_the_crd_uninstall_keeps_it_and_kubectl_can_take_ov
     assert_eq!(printer_columns(control_plane), before);
 
     // A CRD the chart did not create (by hand, or from the crds/ directory of a chart before
-    // 0.2.0) is refused by an install that renders it...
+    // 0.2.0; the one kept above still carries the release's ownership annotations, so it is
+    // replaced by a fresh one) is refused by an install that renders it...
+    run(control_plane
+        .kubectl()
+        .args(["delete", "crd", CRD, "--wait=true", "--timeout=60s"]))
+    .unwrap();
+    run(control_plane
+        .kubectl()
+        .args(["apply", "--server-side", "-f"])
+        .arg(&file))
+    .unwrap();
+    wait_established(control_plane);
     let refused = install(&chart, "install").unwrap_err();
     assert!(refused.contains("cannot be imported"), "{refused}");
     // ...until it is adopted as the chart README says; then upgrades update it again.
@@ -175,7 +186,22 @@ async fn helm_upgrade_updates_the_crd_uninstall_keeps_it_and_kubectl_can_take_ov
         &format!("meta.helm.sh/release-namespace={ns}"),
     ]))
     .unwrap();
-    install(&next, "install").unwrap_or_else(|e| panic!("helm install after adoption: {e}"));
+    // Helm applies server-side: the first apply after adoption takes the fields over from
+    // kubectl, which needs --force-conflicts (without it, the conflict is named).
+    let conflict = install(&next, "install").unwrap_err();
+    assert!(conflict.contains("conflict with \"kubectl\""), "{conflict}");
+    run(control_plane
+        .helm()
+        .args([
+            "upgrade",
+            "--install",
+            "--force-conflicts",
+            "bp",
+            "--namespace",
+            &ns,
+        ])
+        .arg(&next))
+    .unwrap_or_else(|e| panic!("helm upgrade --install --force-conflicts after adoption: {e}"));
     assert_eq!(
         printer_columns(control_plane).last().map(String::as_str),
         Some("Producer")
