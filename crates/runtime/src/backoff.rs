@@ -13,7 +13,7 @@ use kube::runtime::utils::Backoff;
 
 /// Exponential from 200 ms, doubling, capped at 2 s, with jitter; never gives up, and resets on
 /// the first event the watch delivers.
-pub fn watch_backoff() -> impl Backoff + Send + Sync + 'static {
+pub fn watch_backoff() -> impl Backoff + 'static {
     kube::runtime::watcher::ExponentialBackoff::from(
         backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(200))
