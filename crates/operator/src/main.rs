@@ -18,7 +18,7 @@ use burst_prefix_runtime::api_access::ApiAccess;
 use burst_prefix_runtime::leader::{LeaderArgs, Leadership};
 use burst_prefix_runtime::logging::{self, LogArgs, LogFormat};
 use burst_prefix_runtime::{admin, flags};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
@@ -71,8 +71,8 @@ struct RunArgs {
     #[arg(long, env = "BURST_PREFIX_PRODUCER_IMAGE", default_value = DEFAULT_PRODUCER_IMAGE)]
     producer_image: String,
     /// The producers' imagePullPolicy (default: Kubernetes' default for the tag).
-    #[arg(long, value_enum)]
-    producer_image_pull_policy: Option<PullPolicy>,
+    #[arg(long, value_parser = ["Always", "IfNotPresent", "Never"])]
+    producer_image_pull_policy: Option<String>,
     /// A Secret (in each policy's namespace) to pull the producer image with; repeatable.
     #[arg(long = "producer-image-pull-secret")]
     producer_image_pull_secrets: Vec<String>,
@@ -98,23 +98,6 @@ struct RunArgs {
     leader: LeaderArgs,
     #[command(flatten)]
     log: LogArgs,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum PullPolicy {
-    Always,
-    IfNotPresent,
-    Never,
-}
-
-impl PullPolicy {
-    fn as_str(self) -> &'static str {
-        match self {
-            PullPolicy::Always => "Always",
-            PullPolicy::IfNotPresent => "IfNotPresent",
-            PullPolicy::Never => "Never",
-        }
-    }
 }
 
 fn parse_resources(json: &str) -> Result<ResourceRequirements, String> {
@@ -225,9 +208,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
     let settings = Settings {
         producer: ProducerDefaults {
             image: args.producer_image.clone(),
-            image_pull_policy: args
-                .producer_image_pull_policy
-                .map(|p| p.as_str().to_string()),
+            image_pull_policy: args.producer_image_pull_policy.clone(),
             image_pull_secrets: args.producer_image_pull_secrets.clone(),
             resources: args
                 .producer_resources
