@@ -6,9 +6,13 @@ CONTROL_PLANE_BUILD := tests/control-plane/build.sh
 # Where the integration tests find it (crates/test-support reads this, or asks build.sh itself).
 export BURST_PREFIX_CONTROL_PLANE_BIN := $(shell $(CONTROL_PLANE_BUILD) --print-bin-dir)
 
-.PHONY: test lint unit control-plane demo bench crds e2e-kind
+# The Python clients the proxy tests drive (the `openai` package, pinned in tests/python/).
+PYTHON_CLIENTS_SETUP := tests/python/setup.sh
+export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-python)
 
-test: control-plane lint unit
+.PHONY: test lint unit control-plane python-clients demo bench crds e2e-kind
+
+test: control-plane python-clients lint unit
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.
 control-plane:
@@ -18,11 +22,15 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: control-plane
+# Installs them into a venv in the cache when missing (pip from PyPI); a no-op otherwise.
+python-clients:
+	$(PYTHON_CLIENTS_SETUP)
+
+unit: control-plane python-clients
 	$(CARGO) test --workspace --locked
 
 demo:
-	$(CARGO) run --release --locked -p burst-prefix-producer -- demo
+	$(CARGO) run --release --locked -p burst-prefix-tools -- demo
 
 bench:
 	$(CARGO) bench --locked -p burst-prefix-planner

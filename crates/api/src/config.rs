@@ -60,6 +60,15 @@ pub struct PlannerConfig {
     /// What load means when balancing: `requests` or `tokens`.
     #[serde(default)]
     pub balance_by: BalanceBy,
+    /// Seal a window once no request arrived for this many milliseconds; 0 is off. At most
+    /// windowDurationMs, which stays the upper bound of every wait.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = WINDOW_DURATION_MS_MAX))]
+    pub idle_seal_ms: i64,
+    /// Seal a window as soon as every group whose size a client hinted (body field
+    /// `burst_prefix.group_size` or header `x-burst-prefix-group-size`) is complete.
+    #[serde(default = "enabled")]
+    pub seal_on_hints: bool,
 }
 
 fn default_window_duration_ms() -> i64 {
@@ -74,6 +83,9 @@ fn default_block_size_tokens() -> i64 {
 fn default_max_batch_size() -> i64 {
     1000
 }
+fn enabled() -> bool {
+    true
+}
 
 impl Default for PlannerConfig {
     fn default() -> Self {
@@ -85,6 +97,8 @@ impl Default for PlannerConfig {
             min_colocate_blocks: 0,
             max_batch_size: default_max_batch_size(),
             balance_by: BalanceBy::Requests,
+            idle_seal_ms: 0,
+            seal_on_hints: enabled(),
         }
     }
 }
@@ -153,6 +167,15 @@ pub const RULES: &[Rule] = &[
         value: |c| c.max_batch_size,
         holds: |c| c.max_batch_size == UNLIMITED || c.max_batch_size >= 1,
     },
+    Rule {
+        field: "idleSealMs",
+        requirement: "must be 0 (off), or between 1 and windowDurationMs",
+        cel: "self.idleSealMs == 0 || (self.idleSealMs >= 1 && self.idleSealMs <= self.windowDurationMs)",
+        value: |c| c.idle_seal_ms,
+        holds: |c| {
+            c.idle_seal_ms == 0 || (c.idle_seal_ms >= 1 && c.idle_seal_ms <= c.window_duration_ms)
+        },
+    },
 ];
 
 /// A broken rule: the field, its value and the rule.
@@ -219,6 +242,14 @@ impl PlannerConfig {
         )
     }
 
+    /// The idle seal of a validated config, `None` when off.
+    pub fn idle_seal(&self) -> Option<std::time::Duration> {
+        u64::try_from(self.idle_seal_ms)
+            .ok()
+            .filter(|&ms| ms >= 1)
+            .map(std::time::Duration::from_millis)
+    }
+
     /// The window's capacity, `None` when unlimited.
     pub fn max_batch_size(&self) -> Option<usize> {
         usize::try_from(self.max_batch_size)
@@ -242,6 +273,8 @@ mod tests {
         assert_eq!(config.min_colocate_blocks, 0);
         assert_eq!(config.max_batch_size, 1000);
         assert_eq!(config.balance_by, BalanceBy::Requests);
+        assert_eq!((config.idle_seal_ms, config.seal_on_hints), (0, true));
+        assert_eq!(config.idle_seal(), None);
         config.validate().unwrap();
     }
 
@@ -280,6 +313,8 @@ mod tests {
             ["minColocateBlocks"]
         );
         assert_eq!(invalid(|c| c.max_batch_size = 0), ["maxBatchSize"]);
+        assert_eq!(invalid(|c| c.idle_seal_ms = -1), ["idleSealMs"]);
+        assert_eq!(invalid(|c| c.idle_seal_ms = 101), ["idleSealMs"]);
         assert_eq!(
             invalid(|c| {
                 c.window_duration_ms = 0;
@@ -299,6 +334,8 @@ mod tests {
             min_colocate_blocks: 0,
             max_batch_size: -1,
             balance_by: BalanceBy::Tokens,
+            idle_seal_ms: 10_000,
+            seal_on_hints: false,
         };
         config.validate().unwrap();
         assert_eq!(config.max_batch_size(), None);

@@ -28,9 +28,10 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use axum::{Json, Router};
-use burst_prefix_producer::app::{App, DEFAULT_MAX_BODY_BYTES};
-use burst_prefix_producer::config_store::ConfigSource;
-use burst_prefix_producer::serve::Service;
+use burst_prefix_producer::core::config_store::ConfigSource;
+use burst_prefix_producer::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{Role, Service};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
@@ -295,7 +296,7 @@ fn round_trip_ms(samples: &[Sample]) -> Vec<f64> {
 }
 
 async fn start_producer(window_ms: u64) -> Service {
-    let app = App::new(ConfigSource::Demo, DEFAULT_MAX_BODY_BYTES);
+    let producer = Producer::new(ConfigSource::Demo, Limits::default());
     let mut config = String::from("maxBatchSize: -1\nendpoints:\n");
     for i in 0..4 {
         config.push_str(&format!(
@@ -303,12 +304,13 @@ async fn start_producer(window_ms: u64) -> Service {
             8000 + i
         ));
     }
-    app.store
+    producer
+        .store
         .apply_text(&format!("windowDurationMs: {window_ms}\n{config}"))
         .unwrap();
-    let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    Service::start(app, api, admin).unwrap()
+    Service::on_loopback(producer, ProxyConfig::default())
+        .await
+        .unwrap()
 }
 
 /// The same axum server, with a `/v1/produce` that reads the body and answers at once.
@@ -393,8 +395,8 @@ fn main() {
     let fast = servers.block_on(start_producer(options.throughput_window_ms));
     let noop_url = format!("http://{noop}/v1/produce");
     let noop_window_url = format!("http://{noop_window}/v1/produce");
-    let producer_url = format!("http://{}/v1/produce", producer.api_addr);
-    let fast_url = format!("http://{}/v1/produce", fast.api_addr);
+    let producer_url = format!("http://{}/v1/produce", producer.addr(Role::Api).unwrap());
+    let fast_url = format!("http://{}/v1/produce", fast.addr(Role::Api).unwrap());
 
     println!(
         "load: {} req/s for {} s, {} KiB prompts (body {} bytes), window {} ms; throughput: {} \
@@ -452,7 +454,7 @@ fn main() {
     let failed = |samples: &[Sample]| samples.iter().filter(|s| !s.ok).count();
     let windows: std::collections::HashSet<u64> =
         producer_samples.iter().filter_map(|s| s.window).collect();
-    let metrics = producer.app.metrics.render();
+    let metrics = producer.producer.metrics.render();
     let plan = |suffix: &str| {
         metrics
             .lines()
@@ -514,7 +516,7 @@ fn main() {
         100.0 * fast_rps.0 / noop_rps.0
     );
     servers.block_on(async {
-        producer.shutdown().await;
-        fast.shutdown().await;
+        producer.shutdown(Duration::from_secs(10)).await;
+        fast.shutdown(Duration::from_secs(10)).await;
     });
 }

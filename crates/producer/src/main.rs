@@ -1,12 +1,13 @@
 //! `burst-prefix-producer`: the producer service and its debugging tools.
+#![forbid(unsafe_code)]
 
 use std::io::Read;
 use std::process::ExitCode;
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_producer::batch::{plan_input, PlanInput};
-use burst_prefix_producer::request::InferenceRequest;
-use burst_prefix_producer::{demo, serve};
+use burst_prefix_producer::core::batch::{plan_input, PlanInput};
+use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_producer::serve;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -52,26 +53,18 @@ enum Command {
     /// answered with per-endpoint prefix matches. The config comes from --config FILE or
     /// --configmap NAMESPACE/NAME and is reloaded on change. SIGTERM/SIGINT answer the open
     /// window and exit 0; a startup failure exits 2.
-    Serve(serve::ServeArgs),
-    /// Start the service in-process on a built-in config with 4 fake replicas, send it one GRPO
-    /// rollout burst over loopback HTTP, and print where it landed and the prefill it saved.
-    Demo(demo::DemoArgs),
-    /// Simulate a cluster's prefix caches under round-robin, least-loaded, approx-prefix,
-    /// cache-aware and burst placement on the same workload, and compare their prefill.
-    Simulate(burst_prefix_simulator::cli::SimulateArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => return serve::run(args),
-        Command::Demo(args) => return demo::run(args),
+        Command::Serve(args) => return serve::run(*args),
         Command::Hash {
             block_size_tokens,
             max_prefix_tokens,
         } => hash(block_size_tokens, max_prefix_tokens),
         Command::Plan => plan(),
-        Command::Simulate(args) => burst_prefix_simulator::cli::run(&args),
     };
     match result {
         Ok(output) => {
@@ -107,7 +100,8 @@ fn hash(block_size_tokens: i64, max_prefix_tokens: i64) -> Result<String, String
             .replace("blockSizeTokens", "--block-size-tokens")
             .replace("maxPrefixTokensToMatch", "--max-prefix-tokens")
     })?;
-    let request = InferenceRequest::from_slice(&read_stdin()?).map_err(|e| e.to_string())?;
+    let body = read_stdin()?;
+    let request = InferenceRequest::parse(&body).map_err(|e| e.to_string())?;
     let prompts: Vec<Vec<String>> = request
         .block_hashes(config.block_spec())
         .iter()
@@ -117,8 +111,8 @@ fn hash(block_size_tokens: i64, max_prefix_tokens: i64) -> Result<String, String
 }
 
 fn plan() -> Result<String, String> {
-    let input: PlanInput =
-        serde_json::from_slice(&read_stdin()?).map_err(|e| format!("invalid plan input: {e}"))?;
+    let input = read_stdin()?;
+    let input = PlanInput::parse(&input).map_err(|e| format!("invalid plan input: {e}"))?;
     let output = plan_input(&input).map_err(|e| e.to_string())?;
     serde_json::to_string(&output).map_err(|e| e.to_string())
 }

@@ -1,31 +1,32 @@
-//! `burst-prefix-producer serve`: the flags, the wiring of config source, window and the two
-//! HTTP servers, and graceful shutdown.
+//! `burst-prefix-producer serve`: the flags, the wiring of config source, core and listeners, and
+//! graceful shutdown.
 //!
-//! On SIGTERM or SIGINT the servers stop accepting connections, the open window is sealed,
-//! planned and answered at once, in-flight responses are written, and the process exits 0.
+//! On SIGTERM or SIGINT every listener stops accepting connections, the open window is sealed,
+//! planned and answered at once, idle connections are closed, in-flight responses are written,
+//! and the process exits 0, within `--shutdown-timeout-ms` whatever clients hold.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use axum::Router;
 use clap::{ArgGroup, Args, ValueEnum};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::app::{App, DEFAULT_MAX_BODY_BYTES};
-use crate::config_store::ConfigSource;
-use crate::{admin, config_file, configmap, server};
-
-/// How long shutdown waits for in-flight responses after the window was answered.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+use crate::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WINDOW_BYTES};
+use crate::http;
+use crate::listen::{self, ConnectionLimits};
+use crate::proxy::{self, ProxyConfig};
+use crate::sources::{configmap, Source};
 
 #[derive(Args, Debug, Clone)]
 #[command(group(ArgGroup::new("source").required(true).args(["config", "configmap"])))]
 pub struct ServeArgs {
-    /// Address of the API: POST /v1/produce, POST /v1/plan, GET /v1/endpoints.
+    /// Address of the API: POST /v1/produce, POST /v1/plan, GET /v1/endpoints, and the
+    /// OpenAI-compatible proxy: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
     #[arg(long, env = "BURST_PREFIX_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// Address of the admin port: GET /healthz, GET /readyz, GET /metrics.
@@ -56,8 +57,124 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes; larger ones get 413 body_too_large.
     #[arg(long, env = "BURST_PREFIX_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Most bytes the open window may hold: its requests' block hashes, plus the bodies the
+    /// proxy keeps to forward; a request beyond gets 429 window_full with Retry-After.
+    #[arg(long, env = "BURST_PREFIX_MAX_WINDOW_BYTES", default_value_t = DEFAULT_MAX_WINDOW_BYTES)]
+    pub max_window_bytes: usize,
+    /// On SIGTERM or SIGINT, exit within this many milliseconds, whatever clients hold: stop
+    /// accepting, answer the open window, close idle connections, wait for responses in flight.
+    #[arg(
+        long,
+        env = "BURST_PREFIX_SHUTDOWN_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub shutdown_timeout_ms: u64,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// Limits that keep slow or silent clients from holding the service.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Connections")]
+pub struct ConnectionArgs {
+    /// A client must send a request's headers within this many milliseconds, and an HTTP/1
+    /// connection idle between requests is closed after as long.
+    #[arg(long, env = "BURST_PREFIX_HEADER_READ_TIMEOUT_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_ms: u64,
+    /// Most connections open at once on --listen; more wait in the kernel's accept queue.
+    #[arg(long, env = "BURST_PREFIX_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// Most connections open at once on --admin-listen, counted apart so that health checks
+    /// and metrics answer while the API is saturated.
+    #[arg(long, env = "BURST_PREFIX_ADMIN_MAX_CONNECTIONS", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub admin_max_connections: u64,
+}
+
+impl ConnectionArgs {
+    fn limits(&self, max_connections: u64) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            ..ConnectionLimits::default()
+        }
+    }
+
+    pub fn api(&self) -> ConnectionLimits {
+        self.limits(self.max_connections)
+    }
+
+    pub fn admin(&self) -> ConnectionLimits {
+        self.limits(self.admin_max_connections)
+    }
+}
+
+/// How the proxy routes talk to the replicas.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Proxy")]
+pub struct ProxyArgs {
+    /// Connecting to a replica may take this long, in milliseconds; a refused connection is
+    /// retried on the next replica.
+    #[arg(long, env = "BURST_PREFIX_UPSTREAM_CONNECT_TIMEOUT_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_connect_timeout_ms: u64,
+    /// The longest wait for the next bytes from a replica, in milliseconds: its response head
+    /// (a non-streaming completion sends it only when done), then each chunk. Beyond, 504.
+    #[arg(long, env = "BURST_PREFIX_UPSTREAM_TIMEOUT_MS", default_value_t = 300_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_timeout_ms: u64,
+    /// How many times a request a replica refused (connection refused, 502 or 503 before any
+    /// byte) is sent to the next replica; 0 never retries.
+    #[arg(long, env = "BURST_PREFIX_UPSTREAM_RETRIES", default_value_t = 1)]
+    pub upstream_retries: usize,
+    /// How long a replica that refused is left out of planning and routing, in milliseconds.
+    #[arg(
+        long,
+        env = "BURST_PREFIX_UPSTREAM_COOLDOWN_MS",
+        default_value_t = 10_000
+    )]
+    pub upstream_cooldown_ms: u64,
+}
+
+impl ProxyArgs {
+    pub fn config(&self) -> ProxyConfig {
+        ProxyConfig {
+            connect_timeout: Duration::from_millis(self.upstream_connect_timeout_ms),
+            upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
+            retries: self.upstream_retries,
+            cooldown: Duration::from_millis(self.upstream_cooldown_ms),
+        }
+    }
+}
+
+impl ServeArgs {
+    /// The config source the flags name (clap guarantees exactly one).
+    pub fn source(&self) -> Source {
+        match (&self.config, &self.configmap) {
+            (Some(path), _) => Source::File {
+                path: path.clone(),
+                poll: Duration::from_millis(self.config_poll_ms),
+            },
+            (None, Some((namespace, name))) => Source::ConfigMap {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            },
+            (None, None) => unreachable!("clap requires --config or --configmap"),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_body_bytes: self.max_body_bytes,
+            max_window_bytes: self.max_window_bytes,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -111,57 +228,39 @@ pub fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let source = match (&args.config, &args.configmap) {
-        (Some(path), _) => ConfigSource::File {
-            path: path.display().to_string(),
-        },
-        (None, Some((namespace, name))) => ConfigSource::ConfigMap {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            key: configmap::CONFIG_KEY.to_string(),
-        },
-        (None, None) => return Err("one of --config or --configmap is required".into()),
-    };
-    let app = App::new(source, args.max_body_bytes);
-    match (&args.config, &args.configmap) {
-        (Some(path), _) => {
-            let applied = config_file::load(&app.store, path)?;
-            tokio::spawn(config_file::watch(
-                app.store.clone(),
-                path.clone(),
-                Duration::from_millis(args.config_poll_ms),
-                applied,
-            ));
-        }
-        (None, Some((namespace, name))) => {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(|e| format!("cannot reach the Kubernetes API for --configmap: {e}"))?;
-            tokio::spawn(configmap::watch(
-                app.store.clone(),
-                client,
-                namespace.clone(),
-                name.clone(),
-            ));
-        }
-        (None, None) => unreachable!("checked above"),
-    }
-    let api = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("cannot listen on --listen {}: {e}", args.listen))?;
-    let admin = TcpListener::bind(args.admin_listen)
-        .await
-        .map_err(|e| format!("cannot listen on --admin-listen {}: {e}", args.admin_listen))?;
-    let service = Service::start(app, api, admin).map_err(|e| e.to_string())?;
+    let source = args.source();
+    let producer = Producer::new(source.describe(), args.limits());
+    source.start(producer.store.clone()).await?;
+    let listeners = vec![
+        Listener::bind(
+            Role::Api,
+            args.listen,
+            "--listen",
+            api_router(&producer, args.proxy.config()),
+            args.connections.api(),
+        )
+        .await?,
+        Listener::bind(
+            Role::Admin,
+            args.admin_listen,
+            "--admin-listen",
+            http::admin::router(producer.clone()),
+            args.connections.admin(),
+        )
+        .await?,
+    ];
+    let service = Service::start(producer, listeners).map_err(|e| e.to_string())?;
     tracing::info!(
-        api = %service.api_addr,
-        admin = %service.admin_addr,
-        source = %service.app.store.source(),
+        api = %service.addr(Role::Api).expect("bound"),
+        admin = %service.addr(Role::Admin).expect("bound"),
+        source = %service.producer.store.source(),
         "listening"
     );
     shutdown_signal().await;
     tracing::info!("shutting down: answering the open window");
-    service.shutdown().await;
+    service
+        .shutdown(Duration::from_millis(args.shutdown_timeout_ms))
+        .await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -183,65 +282,128 @@ async fn shutdown_signal() {
     let _ = interrupt.await;
 }
 
-/// The API and admin servers of one producer, running on the current runtime.
+/// The API port: the JSON API and the OpenAI-compatible proxy.
+pub fn api_router(producer: &Producer, proxy: ProxyConfig) -> Router {
+    http::router(producer.clone()).merge(proxy::router(producer.clone(), proxy))
+}
+
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The JSON API and the proxy ([`api_router`]).
+    Api,
+    /// `/healthz`, `/readyz`, `/metrics`.
+    Admin,
+}
+
+/// A bound socket, what it serves and under which limits.
+pub struct Listener {
+    pub role: Role,
+    pub tcp: TcpListener,
+    pub router: Router,
+    pub limits: ConnectionLimits,
+}
+
+impl Listener {
+    /// Binds `addr`; the error names the flag.
+    pub async fn bind(
+        role: Role,
+        addr: SocketAddr,
+        flag: &str,
+        router: Router,
+        limits: ConnectionLimits,
+    ) -> Result<Self, String> {
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {flag} {addr}: {e}"))?;
+        Ok(Listener {
+            role,
+            tcp,
+            router,
+            limits,
+        })
+    }
+}
+
+/// The listeners of one producer, running on the current runtime.
 pub struct Service {
-    pub app: App,
-    pub api_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
+    pub producer: Producer,
+    addrs: Vec<(Role, SocketAddr)>,
     stop: watch::Sender<bool>,
-    servers: Vec<JoinHandle<std::io::Result<()>>>,
+    servers: Vec<JoinHandle<()>>,
 }
 
 impl Service {
-    /// Serves `app` on the two listeners until [`Service::shutdown`].
-    pub fn start(app: App, api: TcpListener, admin: TcpListener) -> std::io::Result<Service> {
-        let api_addr = api.local_addr()?;
-        let admin_addr = admin.local_addr()?;
+    /// Serves `producer` on every listener until [`Service::shutdown`].
+    pub fn start(producer: Producer, listeners: Vec<Listener>) -> std::io::Result<Service> {
         let (stop, stopped) = watch::channel(false);
-        let servers = [
-            (api, server::router(app.clone())),
-            (admin, admin::router(app.clone())),
-        ]
-        .into_iter()
-        .map(|(listener, router)| {
-            let mut stopped = stopped.clone();
-            let listener = listener.tap_io(|tcp| {
-                // Small responses go out at once (no Nagle delay).
-                let _ = tcp.set_nodelay(true);
-            });
-            let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            });
-            tokio::spawn(async move { server.await })
-        })
-        .collect();
+        let mut addrs = Vec::new();
+        let mut servers = Vec::new();
+        for listener in listeners {
+            addrs.push((listener.role, listener.tcp.local_addr()?));
+            servers.push(tokio::spawn(listen::serve(
+                listener.tcp,
+                listener.router,
+                listener.limits,
+                stopped.clone(),
+            )));
+        }
         Ok(Service {
-            app,
-            api_addr,
-            admin_addr,
+            producer,
+            addrs,
             stop,
             servers,
         })
     }
 
-    /// Stops accepting, answers the open window, and waits for in-flight responses.
-    pub async fn shutdown(self) {
+    /// The API and admin listeners on ephemeral loopback ports, default limits: for the demo,
+    /// benches and tests.
+    pub async fn on_loopback(producer: Producer, proxy: ProxyConfig) -> Result<Service, String> {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let listeners = vec![
+            Listener::bind(
+                Role::Api,
+                loopback,
+                "the API port",
+                api_router(&producer, proxy),
+                ConnectionLimits::default(),
+            )
+            .await?,
+            Listener::bind(
+                Role::Admin,
+                loopback,
+                "the admin port",
+                http::admin::router(producer.clone()),
+                ConnectionLimits::default(),
+            )
+            .await?,
+        ];
+        Service::start(producer, listeners).map_err(|e| e.to_string())
+    }
+
+    /// The address the listener of `role` is bound to.
+    pub fn addr(&self, role: Role) -> Option<SocketAddr> {
+        self.addrs.iter().find(|(r, _)| *r == role).map(|(_, a)| *a)
+    }
+
+    /// Stops accepting, answers the open window, closes idle connections and waits for the
+    /// responses in flight, for at most `timeout` in all.
+    pub async fn shutdown(self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
         let _ = self.stop.send(true);
-        self.app.window.close().await;
-        let servers = futures::future::join_all(self.servers);
-        match tokio::time::timeout(SHUTDOWN_GRACE, servers).await {
+        let closed = async {
+            self.producer.window.close().await;
+            futures::future::join_all(self.servers).await
+        };
+        match tokio::time::timeout_at(deadline, closed).await {
             Ok(results) => {
-                for result in results {
-                    match result {
-                        Ok(Ok(())) => {}
-                        Ok(Err(error)) => tracing::warn!(%error, "a server stopped with an error"),
-                        Err(error) => tracing::warn!(%error, "a server task failed"),
-                    }
+                for error in results.into_iter().filter_map(Result::err) {
+                    tracing::warn!(%error, "a listener task failed");
                 }
             }
             Err(_) => tracing::warn!(
-                grace_seconds = SHUTDOWN_GRACE.as_secs(),
-                "connections still open after the grace period; exiting anyway"
+                timeout_ms = timeout.as_millis() as u64,
+                "connections still open at the shutdown timeout; exiting anyway"
             ),
         }
     }

@@ -4,7 +4,9 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use burst_prefix_producer::core::Limits;
 use common::{completion, endpoints, sample, Local};
 use serde_json::{json, Value};
 
@@ -97,7 +99,7 @@ async fn k_splits_a_group_as_the_spec_says() {
         .await;
         let answers = burst(&local, &completion("the same rollout prompt"), 8).await;
         assert_eq!(spread(&answers), expected, "k = {k}");
-        local.service.shutdown().await;
+        local.service.shutdown(Duration::from_secs(10)).await;
     }
 }
 
@@ -137,8 +139,14 @@ async fn a_lone_request_and_an_empty_prompt_get_no_affinity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_status_and_code() {
-    let local =
-        Local::start_with_limit(&format!("windowDurationMs: 20\n{}", endpoints(2)), 1024).await;
+    let local = Local::start_with_limits(
+        &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        Limits {
+            max_body_bytes: 1024,
+            ..Limits::default()
+        },
+    )
+    .await;
     let cases: Vec<(&str, String, u16, &str, &str)> = vec![
         (
             "/v1/produce",
@@ -166,7 +174,7 @@ async fn bad_input_gets_its_status_and_code() {
             r#"{"prompt": "x"}"#.into(),
             400,
             "invalid_request",
-            "model: missing",
+            "body: `model` is missing",
         ),
         (
             "/v1/produce",
@@ -180,7 +188,7 @@ async fn bad_input_gets_its_status_and_code() {
             r#"{"model": "m"}"#.into(),
             400,
             "invalid_request",
-            "prompt: missing",
+            "body: `prompt` (completions) or `messages` (chat) is missing",
         ),
         (
             "/v1/produce",
@@ -201,7 +209,7 @@ async fn bad_input_gets_its_status_and_code() {
             r#"{"model": "m", "messages": [{"content": "x"}]}"#.into(),
             400,
             "invalid_request",
-            "messages[0].role: missing",
+            "messages[0]: `role` is missing",
         ),
         (
             "/v1/produce",
@@ -243,7 +251,7 @@ async fn bad_input_gets_its_status_and_code() {
             r#"{"replicas": [], "requests": [{"id": "a", "body": {"model": "m"}}]}"#.into(),
             400,
             "invalid_request",
-            "requests[0].body.prompt: missing",
+            "requests[0].body: `prompt` (completions) or `messages` (chat) is missing",
         ),
         (
             "/v1/plan",
@@ -293,13 +301,14 @@ async fn no_endpoints_is_503_and_not_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_window_answers_429_with_retry_after() {
+async fn a_full_window_is_planned_at_once() {
+    // A 10 s window: only `maxBatchSize` can answer these within the test's patience.
     let local = Local::start(&format!(
-        "windowDurationMs: 3000\nmaxBatchSize: 2\n{}",
+        "windowDurationMs: 10000\nmaxBatchSize: 2\n{}",
         endpoints(2)
     ))
     .await;
-    let waiting: Vec<_> = (0..2)
+    let sends: Vec<_> = (0..4)
         .map(|_| {
             let client = local.client.clone();
             let url = format!("{}/v1/produce", local.base);
@@ -308,31 +317,24 @@ async fn a_full_window_answers_429_with_retry_after() {
             )
         })
         .collect();
-    local.until_window_holds(2).await;
-    let (status, retry_after, answer) = local.produce(&completion("x")).await;
-    assert_eq!(status, 429, "{answer}");
-    assert_eq!(answer["error"], "batch_full");
-    assert!(
-        answer["message"]
-            .as_str()
-            .unwrap()
-            .contains("maxBatchSize = 2"),
-        "{answer}"
-    );
-    let retry_after: u64 = retry_after.expect("Retry-After").parse().unwrap();
-    assert!((1..=3).contains(&retry_after), "{retry_after}");
-    for waiter in waiting {
-        let (status, _, answer) = waiter.await.unwrap();
-        assert_eq!(status, 200);
-        assert_eq!(answer["window"]["size"], 2);
+    let mut windows = BTreeMap::new();
+    for send in sends {
+        let (status, _, answer) = send.await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["window"]["size"], 2, "{answer}");
+        assert_eq!(answer["window"]["sealedBy"], "full", "{answer}");
+        *windows
+            .entry(answer["window"]["id"].as_u64().unwrap())
+            .or_insert(0) += 1;
     }
+    assert_eq!(windows.values().collect::<Vec<_>>(), [&2, &2]);
     let metrics = local.metrics().await;
     assert_eq!(
         sample(
             &metrics,
-            "burst_prefix_requests_total{outcome=\"rejected\"}"
+            "burst_prefix_windows_sealed_total{reason=\"full\"}"
         ),
-        1.0
+        2.0
     );
 }
 
@@ -378,7 +380,7 @@ async fn a_config_change_applies_from_the_next_window() {
     let first = send();
     let window = local.until_window_holds(1).await;
     local
-        .app()
+        .producer()
         .store
         .apply_text(
             &one.replace("ns/a-rank-0", "ns/b-rank-0")

@@ -1,4 +1,4 @@
-//! `burst-prefix-producer simulate`: its arguments, and the run that turns them into output.
+//! `burst-prefix-tools simulate`: its arguments, and the run that turns them into output.
 
 use std::path::PathBuf;
 

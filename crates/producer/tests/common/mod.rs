@@ -7,11 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burst_prefix_producer::app::App;
-use burst_prefix_producer::config_store::ConfigSource;
-use burst_prefix_producer::serve::Service;
+use burst_prefix_producer::core::config_store::ConfigSource;
+use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{Role, Service};
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 /// How long any wait for an event may take before the test fails (generous: a loaded machine).
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -37,18 +37,21 @@ pub struct Local {
 
 impl Local {
     pub async fn start(yaml: &str) -> Local {
-        Self::start_with_limit(yaml, burst_prefix_producer::app::DEFAULT_MAX_BODY_BYTES).await
+        Self::start_with_limits(yaml, Limits::default()).await
     }
 
-    pub async fn start_with_limit(yaml: &str, max_body_bytes: usize) -> Local {
-        let app = App::new(ConfigSource::Demo, max_body_bytes);
-        app.store.apply_text(yaml).expect("a valid test config");
-        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let service = Service::start(app, api, admin).unwrap();
+    pub async fn start_with_limits(yaml: &str, limits: Limits) -> Local {
+        let producer = Producer::new(ConfigSource::Demo, limits);
+        producer
+            .store
+            .apply_text(yaml)
+            .expect("a valid test config");
+        let service = Service::on_loopback(producer, ProxyConfig::default())
+            .await
+            .unwrap();
         Local {
-            base: format!("http://{}", service.api_addr),
-            admin: format!("http://{}", service.admin_addr),
+            base: format!("http://{}", service.addr(Role::Api).unwrap()),
+            admin: format!("http://{}", service.addr(Role::Admin).unwrap()),
             service,
             client: reqwest::Client::builder()
                 .timeout(PATIENCE)
@@ -57,8 +60,8 @@ impl Local {
         }
     }
 
-    pub fn app(&self) -> &App {
-        &self.service.app
+    pub fn producer(&self) -> &Producer {
+        &self.service.producer
     }
 
     /// POSTs a body (raw bytes) and returns status, Retry-After, and the JSON answer.
@@ -78,7 +81,7 @@ impl Local {
     pub async fn until_window_holds(&self, n: usize) -> u64 {
         let started = Instant::now();
         loop {
-            if let Some((id, live)) = self.app().window.open_requests() {
+            if let Some((id, live)) = self.producer().window.open_requests() {
                 if live == n {
                     return id;
                 }

@@ -11,20 +11,20 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::app::App;
+use crate::core::Producer;
 
-pub fn router(app: App) -> Router {
+pub fn router(producer: Producer) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(app)
+        .with_state(producer)
 }
 
-async fn readyz(State(app): State<App>) -> (StatusCode, &'static str) {
-    if app.ready() {
+async fn readyz(State(producer): State<Producer>) -> (StatusCode, &'static str) {
+    if producer.ready() {
         (StatusCode::OK, "ready\n")
-    } else if app.window.is_closed() {
+    } else if producer.window.is_closed() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
     } else {
         (
@@ -34,9 +34,9 @@ async fn readyz(State(app): State<App>) -> (StatusCode, &'static str) {
     }
 }
 
-async fn metrics(State(app): State<App>) -> impl IntoResponse {
+async fn metrics(State(producer): State<Producer>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-        app.metrics.render(),
+        producer.metrics.render(),
     )
 }

@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_planner::{assign, BatchRequest, BlockHash, Plan, PlanParams, Replica};
+use burst_prefix_planner::{assign, BatchRequest, BlockHash, BlockSpec, Plan, PlanParams, Replica};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
-use crate::request::{InferenceRequest, RequestError};
+use super::request::{InferenceRequest, RequestError};
 
-/// A request ready for the planner.
+/// A request ready for the planner: all it keeps of its body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HashedRequest {
     /// Its prompts' chains, concatenated.
@@ -20,10 +20,23 @@ pub struct HashedRequest {
 }
 
 impl HashedRequest {
-    pub fn new(request: &InferenceRequest, config: &PlannerConfig) -> Self {
+    /// What the request holds while it waits in a window.
+    pub fn held_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.blocks.len() * std::mem::size_of::<BlockHash>()
+            + self
+                .endpoints
+                .as_ref()
+                .map_or(0, |ids| ids.iter().map(|id| id.len() + 24).sum())
+    }
+
+    pub fn new(request: &InferenceRequest<'_>, spec: BlockSpec) -> Self {
         HashedRequest {
-            blocks: request.block_hashes(config.block_spec()).concat(),
-            endpoints: request.endpoints.clone(),
+            blocks: request.block_hashes(spec).concat(),
+            endpoints: request
+                .endpoints
+                .as_ref()
+                .map(|ids| ids.iter().map(|id| id.to_string()).collect()),
         }
     }
 }
@@ -61,14 +74,15 @@ pub fn plan_batch(
     assign(&batch, replicas, params)
 }
 
-/// Input of `plan` and `POST /v1/plan`.
+/// Input of `plan` and `POST /v1/plan`. Request bodies stay raw JSON until each is parsed.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PlanInput {
+pub struct PlanInput<'a> {
     #[serde(default)]
     pub config: PlannerConfig,
     pub replicas: Vec<ReplicaInput>,
-    pub requests: Vec<RequestInput>,
+    #[serde(borrow)]
+    pub requests: Vec<RequestInput<'a>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -81,9 +95,23 @@ pub struct ReplicaInput {
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RequestInput {
+pub struct RequestInput<'a> {
     pub id: String,
-    pub body: Value,
+    #[serde(borrow)]
+    pub body: &'a RawValue,
+}
+
+impl<'a> PlanInput<'a> {
+    /// Parses a plan input; errors name the field by its path (`requests[2].id`).
+    pub fn parse(json: &'a [u8]) -> Result<Self, PlanError> {
+        let mut deserializer = serde_json::Deserializer::from_slice(json);
+        let input =
+            serde_path_to_error::deserialize(&mut deserializer).map_err(RequestError::from_json)?;
+        deserializer
+            .end()
+            .map_err(|e| RequestError::Json(e.to_string()))?;
+        Ok(input)
+    }
 }
 
 /// Output of `plan` and `POST /v1/plan`, in request order.
@@ -113,7 +141,7 @@ pub enum PlanError {
 }
 
 /// Validates, hashes and plans a whole batch.
-pub fn plan_input(input: &PlanInput) -> Result<PlanOutput, PlanError> {
+pub fn plan_input(input: &PlanInput<'_>) -> Result<PlanOutput, PlanError> {
     input.config.validate()?;
     let mut seen = std::collections::HashSet::new();
     for replica in &input.replicas {
@@ -121,13 +149,14 @@ pub fn plan_input(input: &PlanInput) -> Result<PlanOutput, PlanError> {
             return Err(PlanError::DuplicateReplica(replica.id.clone()));
         }
     }
+    let spec = input.config.block_spec();
     let hashed: Vec<HashedRequest> = input
         .requests
         .iter()
         .enumerate()
         .map(|(i, request)| {
-            InferenceRequest::from_value(&request.body)
-                .map(|parsed| HashedRequest::new(&parsed, &input.config))
+            InferenceRequest::parse(request.body.get().as_bytes())
+                .map(|parsed| HashedRequest::new(&parsed, spec))
                 .map_err(|e| e.within(&format!("requests[{i}].body")))
         })
         .collect::<Result<_, _>>()?;
@@ -157,15 +186,16 @@ pub fn plan_input(input: &PlanInput) -> Result<PlanOutput, PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
-    fn input(value: Value) -> PlanInput {
-        serde_json::from_value(value).unwrap()
+    fn plan(value: Value) -> Result<PlanOutput, PlanError> {
+        let json = value.to_string();
+        plan_input(&PlanInput::parse(json.as_bytes())?)
     }
 
     #[test]
     fn identical_prompts_share_an_endpoint() {
-        let output = plan_input(&input(json!({
+        let output = plan(json!({
             "config": {"maxPerReplica": 2},
             "replicas": [{"id": "ns/b-rank-0"}, {"id": "ns/a-rank-0", "runningRequests": 1}],
             "requests": [
@@ -174,7 +204,7 @@ mod tests {
                 {"id": "r3", "body": {"model": "m", "prompt": "the same prompt"}},
                 {"id": "r4", "body": {"model": "m", "prompt": "a lone prompt"}},
             ],
-        })))
+        }))
         .unwrap();
         let endpoints: Vec<_> = output
             .assignments
@@ -197,13 +227,13 @@ mod tests {
 
     #[test]
     fn endpoint_lists_limit_the_candidates() {
-        let output = plan_input(&input(json!({
+        let output = plan(json!({
             "replicas": [{"id": "a"}, {"id": "b"}],
             "requests": [
                 {"id": "r1", "body": {"model": "m", "prompt": [1, 2, 3]}},
                 {"id": "r2", "body": {"model": "m", "prompt": [1, 2, 3], "endpoints": ["b", "unknown"]}},
             ],
-        })))
+        }))
         .unwrap();
         assert_eq!(output.assignments[0].endpoint.as_deref(), Some("a"));
         assert_eq!(output.assignments[1].endpoint, None);
@@ -211,29 +241,38 @@ mod tests {
 
     #[test]
     fn errors_name_the_request_and_field() {
-        let err = plan_input(&input(json!({
+        let err = plan(json!({
             "replicas": [{"id": "a"}],
             "requests": [{"id": "r1", "body": {"model": "m", "prompt": "x"}}, {"id": "r2", "body": {"prompt": "x"}}],
-        })))
+        }))
         .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "requests[1].body.model: missing (required)"
+            "requests[1].body: `model` is missing (required)"
         );
-        let err = plan_input(&input(json!({
+        let err = plan(json!({
             "config": {"windowDurationMs": 0},
             "replicas": [],
             "requests": [],
-        })))
+        }))
         .unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid config: windowDurationMs is 0, but must be between 1 and 10000"
         );
-        let err = plan_input(&input(
-            json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []}),
-        ))
-        .unwrap_err();
+        let err =
+            plan(json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []})).unwrap_err();
         assert_eq!(err.to_string(), "replicas: duplicate id \"a\"");
+        let err = plan(json!({"replicas": [{"id": 1}], "requests": []})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "replicas[0].id: expected a string, got a number"
+        );
+        let err =
+            plan(json!({"replicas": [], "requests": [{"id": "r", "body": [1]}]})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "requests[0].body: expected a JSON object, got an array"
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! the admin port as `GET /metrics`.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// How a `POST /v1/produce` request ended (`burst_prefix_requests_total{outcome}`).
@@ -29,6 +30,76 @@ impl Outcome {
     }
 }
 
+/// Why a window was sealed (`burst_prefix_windows_sealed_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SealReason {
+    /// `windowDurationMs` passed.
+    Timer,
+    /// Every group whose size a client hinted was complete.
+    Hints,
+    /// No request arrived for `idleSealMs`.
+    Idle,
+    /// It held `maxBatchSize` requests.
+    Full,
+    /// The producer was shutting down.
+    Shutdown,
+}
+
+impl SealReason {
+    pub const ALL: [SealReason; 5] = [
+        SealReason::Timer,
+        SealReason::Hints,
+        SealReason::Idle,
+        SealReason::Full,
+        SealReason::Shutdown,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SealReason::Timer => "timer",
+            SealReason::Hints => "hints",
+            SealReason::Idle => "idle",
+            SealReason::Full => "full",
+            SealReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// How an upstream request of the proxy ended (`burst_prefix_upstream_requests_total{class}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamClass {
+    Informational,
+    Success,
+    Redirection,
+    ClientError,
+    ServerError,
+    /// No answer: refused, timed out, or broken.
+    Error,
+}
+
+impl UpstreamClass {
+    pub fn of(status: u16) -> Self {
+        match status {
+            100..=199 => UpstreamClass::Informational,
+            200..=299 => UpstreamClass::Success,
+            300..=399 => UpstreamClass::Redirection,
+            400..=499 => UpstreamClass::ClientError,
+            _ => UpstreamClass::ServerError,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            UpstreamClass::Informational => "1xx",
+            UpstreamClass::Success => "2xx",
+            UpstreamClass::Redirection => "3xx",
+            UpstreamClass::ClientError => "4xx",
+            UpstreamClass::ServerError => "5xx",
+            UpstreamClass::Error => "error",
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
@@ -40,6 +111,13 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     /// Requests in the open window right now (0 when none is open).
     pub window_open_requests: IntGauge,
+    windows_sealed: IntCounterVec,
+    upstream_requests: IntCounterVec,
+    /// From sending a proxied request to its first body byte.
+    pub upstream_ttfb_seconds: Histogram,
+    upstream_retries: IntCounter,
+    upstream_in_flight: IntGaugeVec,
+    upstream_cooldowns: IntCounterVec,
 }
 
 impl Metrics {
@@ -104,6 +182,53 @@ impl Metrics {
             "Requests waiting in the open window",
         )
         .unwrap();
+        let windows_sealed = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_windows_sealed_total",
+                "Windows sealed, by reason: timer, hints (every hinted group complete), idle, full, shutdown",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        let upstream_requests = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_upstream_requests_total",
+                "Requests the proxy sent to a replica, by endpoint and status class (1xx..5xx, or error: no answer)",
+            ),
+            &["endpoint", "class"],
+        )
+        .unwrap();
+        let upstream_ttfb_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "burst_prefix_upstream_ttfb_seconds",
+                "Time from sending a proxied request to a replica to its first body byte",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
+        )
+        .unwrap();
+        let upstream_retries = IntCounter::new(
+            "burst_prefix_upstream_retries_total",
+            "Proxied requests sent again to the next replica after a refusal (connection refused, 502, 503)",
+        )
+        .unwrap();
+        let upstream_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "burst_prefix_upstream_in_flight",
+                "Proxied requests in flight, by endpoint",
+            ),
+            &["endpoint"],
+        )
+        .unwrap();
+        let upstream_cooldowns = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_upstream_cooldowns_total",
+                "Times an endpoint was left out of planning and routing after it refused, by endpoint",
+            ),
+            &["endpoint"],
+        )
+        .unwrap();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(window_size.clone()),
@@ -113,6 +238,12 @@ impl Metrics {
             Box::new(endpoints.clone()),
             Box::new(config_reloads.clone()),
             Box::new(window_open_requests.clone()),
+            Box::new(windows_sealed.clone()),
+            Box::new(upstream_requests.clone()),
+            Box::new(upstream_ttfb_seconds.clone()),
+            Box::new(upstream_retries.clone()),
+            Box::new(upstream_in_flight.clone()),
+            Box::new(upstream_cooldowns.clone()),
         ] {
             registry.register(collector).unwrap();
         }
@@ -131,6 +262,9 @@ impl Metrics {
         for result in ["accepted", "rejected"] {
             config_reloads.with_label_values(&[result]);
         }
+        for reason in SealReason::ALL {
+            windows_sealed.with_label_values(&[reason.label()]);
+        }
         Metrics {
             registry,
             requests,
@@ -141,7 +275,38 @@ impl Metrics {
             endpoints,
             config_reloads,
             window_open_requests,
+            windows_sealed,
+            upstream_requests,
+            upstream_ttfb_seconds,
+            upstream_retries,
+            upstream_in_flight,
+            upstream_cooldowns,
         }
+    }
+
+    pub fn upstream_request(&self, endpoint: &str, class: UpstreamClass) {
+        self.upstream_requests
+            .with_label_values(&[endpoint, class.label()])
+            .inc();
+    }
+
+    pub fn upstream_retry(&self) {
+        self.upstream_retries.inc();
+    }
+
+    pub fn upstream_cooldown(&self, endpoint: &str) {
+        self.upstream_cooldowns.with_label_values(&[endpoint]).inc();
+    }
+
+    /// The in-flight gauge of one endpoint.
+    pub fn upstream_in_flight(&self, endpoint: &str) -> IntGauge {
+        self.upstream_in_flight.with_label_values(&[endpoint])
+    }
+
+    pub fn window_sealed(&self, reason: SealReason) {
+        self.windows_sealed
+            .with_label_values(&[reason.label()])
+            .inc();
     }
 
     pub fn request(&self, outcome: Outcome) {
@@ -200,6 +365,9 @@ mod tests {
             "burst_prefix_window_size_count 0",
             "burst_prefix_window_plan_seconds_count 0",
             "burst_prefix_request_wait_seconds_count 0",
+            "burst_prefix_windows_sealed_total{reason=\"hints\"} 0",
+            "burst_prefix_upstream_retries_total 0",
+            "burst_prefix_upstream_ttfb_seconds_count 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

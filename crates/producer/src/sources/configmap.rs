@@ -13,7 +13,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 
-use crate::config_store::ConfigStore;
+use crate::core::config_store::ConfigStore;
 
 /// The key of the ConfigMap that holds the producer config.
 pub const CONFIG_KEY: &str = "config.yaml";
@@ -121,8 +121,8 @@ pub async fn watch(store: Arc<ConfigStore>, client: kube::Client, namespace: Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config_store::ConfigSource;
-    use crate::metrics::Metrics;
+    use crate::core::config_store::ConfigSource;
+    use crate::core::metrics::Metrics;
     use std::collections::BTreeMap;
 
     fn configmap(data: Option<&str>) -> ConfigMap {

@@ -1,4 +1,4 @@
-//! `burst-prefix-producer demo`: the service, in-process on a built-in config, sent one
+//! `burst-prefix-tools demo`: the producer service, in-process on a built-in config, sent one
 //! realistic burst over HTTP, and a report of what happened.
 //!
 //! The burst is one GRPO rollout step (6 prompts x 8 samples, chat requests of about 1.5k
@@ -15,14 +15,14 @@ use burst_prefix_api::{Endpoint, PlannerConfig, ProducerConfig};
 use burst_prefix_planner::BlockHash;
 use clap::Args;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
-use crate::app::{App, DEFAULT_MAX_BODY_BYTES};
-use crate::batch::HashedRequest;
-use crate::config_store::ConfigSource;
-use crate::request::InferenceRequest;
-use crate::response::ProduceResponse;
-use crate::serve::{init_logging, LogArgs, LogFormat, Service};
+use burst_prefix_producer::core::batch::HashedRequest;
+use burst_prefix_producer::core::config_store::ConfigSource;
+use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_producer::http::response::ProduceResponse;
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{init_logging, LogArgs, LogFormat, Role, Service};
 
 const MODEL: &str = "Qwen/Qwen2.5-Math-7B-Instruct";
 const PROMPTS: usize = 6;
@@ -204,18 +204,14 @@ pub fn run(args: DemoArgs) -> ExitCode {
 /// Starts the service on loopback, sends the burst at once, shuts down, and reports.
 pub async fn demo() -> Result<String, String> {
     let config = config();
-    let app = App::new(ConfigSource::Demo, DEFAULT_MAX_BODY_BYTES);
-    app.store
+    let producer = Producer::new(ConfigSource::Demo, Limits::default());
+    producer
+        .store
         .apply(config.clone())
         .map_err(|e| format!("the built-in config: {e}"))?;
-    let bind = || async {
-        TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| format!("cannot listen on loopback: {e}"))
-    };
-    let service =
-        Service::start(app.clone(), bind().await?, bind().await?).map_err(|e| e.to_string())?;
-    let url = format!("http://{}/v1/produce", service.api_addr);
+    let service = Service::on_loopback(producer, ProxyConfig::default()).await?;
+    let api_addr = service.addr(Role::Api).expect("bound");
+    let url = format!("http://{api_addr}/v1/produce");
 
     let requests = burst();
     let client = reqwest::Client::builder()
@@ -244,8 +240,7 @@ pub async fn demo() -> Result<String, String> {
         }
     });
     let responses = futures::future::join_all(sends).await;
-    let api_addr = service.api_addr;
-    service.shutdown().await;
+    service.shutdown(std::time::Duration::from_secs(10)).await;
     let responses = responses.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok(report(
         &config,
@@ -283,8 +278,9 @@ fn report(
     let blocks: Vec<Vec<BlockHash>> = requests
         .iter()
         .map(|request| {
-            let parsed = InferenceRequest::from_value(&request.body).expect("demo bodies parse");
-            HashedRequest::new(&parsed, planner).blocks
+            let body = request.body.to_string();
+            let parsed = InferenceRequest::parse(body.as_bytes()).expect("demo bodies parse");
+            HashedRequest::new(&parsed, planner.block_spec()).blocks
         })
         .collect();
     let index: BTreeMap<&str, usize> = config
@@ -455,8 +451,11 @@ mod tests {
         config().validate().unwrap();
         let planner = PlannerConfig::default();
         for request in &requests {
-            let parsed = InferenceRequest::from_value(&request.body).unwrap();
-            let blocks = HashedRequest::new(&parsed, &planner).blocks.len();
+            let body = request.body.to_string();
+            let parsed = InferenceRequest::parse(body.as_bytes()).unwrap();
+            let blocks = HashedRequest::new(&parsed, planner.block_spec())
+                .blocks
+                .len();
             if request.prompt.is_some() {
                 // ~1-2k estimate tokens: 16 to 32 blocks of 64 tokens.
                 assert!((16..=32).contains(&blocks), "{blocks} blocks");

@@ -6,12 +6,14 @@
 //! [`ConfigStore::current`] when it opens, so a change applies from the next window.
 
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use burst_prefix_api::producer_config::ProducerConfigError;
-use burst_prefix_api::ProducerConfig;
+use burst_prefix_api::{PlannerConfig, ProducerConfig};
+use burst_prefix_planner::{BlockSpec, PlanParams};
 use serde::Serialize;
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
 
 /// Where the config comes from (shown by `GET /v1/endpoints`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -50,6 +52,50 @@ pub struct Snapshot {
     pub config: ProducerConfig,
     /// 1 for the first accepted config, +1 for each accepted change.
     pub generation: u64,
+    /// The config's planner fields, converted once for the window and the planner.
+    pub settings: Settings,
+}
+
+impl Snapshot {
+    /// `config` must be valid.
+    pub fn new(config: ProducerConfig, generation: u64) -> Self {
+        Snapshot {
+            settings: Settings::of(&config.planner),
+            config,
+            generation,
+        }
+    }
+
+    /// The index of the endpoint with this id.
+    pub fn endpoint_index(&self, id: &str) -> Option<usize> {
+        self.config.endpoints.iter().position(|e| e.id == id)
+    }
+}
+
+/// A validated planner config in the types its users need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub window: Duration,
+    pub block_spec: BlockSpec,
+    pub plan: PlanParams,
+    /// The window's capacity, `None` when unlimited.
+    pub max_batch_size: Option<usize>,
+    /// Seal a window this long after its last arrival; `None`: off.
+    pub idle_seal: Option<Duration>,
+    pub seal_on_hints: bool,
+}
+
+impl Settings {
+    fn of(planner: &PlannerConfig) -> Self {
+        Settings {
+            window: Duration::from_millis(u64::try_from(planner.window_duration_ms).unwrap_or(1)),
+            block_spec: planner.block_spec(),
+            plan: planner.plan_params(),
+            max_batch_size: planner.max_batch_size(),
+            idle_seal: planner.idle_seal(),
+            seal_on_hints: planner.seal_on_hints,
+        }
+    }
 }
 
 /// What [`ConfigStore::apply_text`] did with a valid config.
@@ -143,7 +189,7 @@ impl ConfigStore {
         }
         let generation = current.as_ref().map_or(0, |s| s.generation) + 1;
         let endpoints = config.endpoints.len();
-        *current = Some(Arc::new(Snapshot { config, generation }));
+        *current = Some(Arc::new(Snapshot::new(config, generation)));
         drop(current);
         self.metrics.config_reload(true);
         self.metrics

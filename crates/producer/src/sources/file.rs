@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config_store::ConfigStore;
+use crate::core::config_store::ConfigStore;
 
 /// Reads and applies the file once, at startup: a missing or invalid file is an error.
 pub fn load(store: &ConfigStore, path: &Path) -> Result<String, String> {
@@ -72,8 +72,8 @@ pub async fn watch(store: Arc<ConfigStore>, path: PathBuf, interval: Duration, a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config_store::ConfigSource;
-    use crate::metrics::Metrics;
+    use crate::core::config_store::ConfigSource;
+    use crate::core::metrics::Metrics;
 
     const GOOD: &str = "endpoints:\n  - {id: a, address: '10.0.0.1:8000'}\n";
 

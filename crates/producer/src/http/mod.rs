@@ -1,0 +1,180 @@
+//! The JSON API (`--listen`): thin adapters around the core.
+//!
+//! - `POST /v1/produce`: the inference request body itself (optionally with `"endpoints"`); it
+//!   waits for its window and gets a [`ProduceResponse`]; `?matches=all|nonzero|none` chooses
+//!   which endpoints its `matches` lists.
+//! - `POST /v1/plan`: a whole batch at once, no waiting (the `plan` subcommand's format).
+//! - `GET /v1/endpoints`: the replica set in force, its source and generation.
+
+pub mod admin;
+pub mod error;
+pub mod response;
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::core::batch::{plan_input, PlanInput, PlanOutput};
+use crate::core::metrics::Outcome;
+use crate::core::request::Hints;
+use crate::core::{PlaceRequest, Producer};
+use error::ApiError;
+use response::{MatchesShown, ProduceResponse};
+
+/// The header that carries the group-size hint (SPEC §3, issue 12).
+pub const GROUP_SIZE_HEADER: &str = "x-burst-prefix-group-size";
+
+pub fn router(producer: Producer) -> Router {
+    Router::new()
+        .route("/v1/produce", post(produce))
+        .route("/v1/plan", post(plan))
+        .route("/v1/endpoints", get(endpoints))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(producer.limits.max_body_bytes))
+        .layer(middleware::from_fn(request_timeout))
+        .with_state(producer)
+}
+
+/// No request takes longer than this, however slowly its client sends the body. A produce
+/// request that has joined a window is answered long before (windows last at most 10 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn request_timeout(request: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout {
+            seconds: REQUEST_TIMEOUT.as_secs(),
+        }
+        .into_response(),
+    }
+}
+
+/// Reads the body, or says why not (413 past `--max-body-bytes`).
+pub fn body_bytes(
+    producer: &Producer,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge {
+                limit: producer.limits.max_body_bytes,
+            }
+        } else {
+            ApiError::BodyUnreadable(rejection.body_text())
+        }
+    })
+}
+
+/// The hints a request's headers carry (a bad value is a 400 naming the header).
+pub fn header_hints(headers: &HeaderMap) -> Result<Hints, ApiError> {
+    let Some(value) = headers.get(GROUP_SIZE_HEADER) else {
+        return Ok(Hints::default());
+    };
+    let group_size = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| {
+            ApiError::from(crate::core::request::RequestError::Field {
+                field: format!("header {GROUP_SIZE_HEADER}"),
+                problem: format!("expected an integer >= 1, got {value:?}"),
+            })
+        })?;
+    Ok(Hints {
+        group_size: Some(group_size),
+    })
+}
+
+#[derive(Deserialize)]
+struct ProduceQuery {
+    matches: Option<String>,
+}
+
+async fn produce(
+    State(producer): State<Producer>,
+    Query(query): Query<ProduceQuery>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ProduceResponse>, ApiError> {
+    let result = produce_inner(&producer, query, &headers, body).await;
+    if let Err(error) = &result {
+        // The core counts its own refusals; these are the front-end's.
+        if !matches!(error, ApiError::Place(_)) {
+            producer.metrics.request(Outcome::Rejected);
+        }
+    }
+    result
+}
+
+async fn produce_inner(
+    producer: &Producer,
+    query: ProduceQuery,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ProduceResponse>, ApiError> {
+    let shown = match query.matches.as_deref() {
+        None | Some("all") => MatchesShown::All,
+        Some("nonzero") => MatchesShown::NonZero,
+        Some("none") => MatchesShown::None,
+        Some(other) => {
+            return Err(ApiError::BadQuery {
+                parameter: "matches",
+                problem: format!("expected all, nonzero or none, got {other:?}"),
+            })
+        }
+    };
+    let body = body_bytes(producer, body)?;
+    let hints = header_hints(headers)?;
+    let placement = producer
+        .place(PlaceRequest {
+            body: &body,
+            subset: None,
+            hints,
+            held_bytes: 0,
+        })
+        .await?;
+    drop(body);
+    Ok(Json(ProduceResponse::new(&placement, shown)))
+}
+
+async fn plan(
+    State(producer): State<Producer>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<PlanOutput>, ApiError> {
+    let body = body_bytes(&producer, body)?;
+    // A whole batch can take a while to parse and hash: off the async workers.
+    let output = tokio::task::spawn_blocking(move || plan_input(&PlanInput::parse(&body)?))
+        .await
+        .map_err(|error| ApiError::Internal(format!("planning a batch failed: {error}")))??;
+    Ok(Json(output))
+}
+
+async fn endpoints(State(producer): State<Producer>) -> Json<Value> {
+    let current = producer.store.current();
+    Json(serde_json::json!({
+        "source": producer.store.source(),
+        "generation": current.as_ref().map_or(0, |snapshot| snapshot.generation),
+        "ready": producer.ready(),
+        "endpoints": current.as_ref().map(|s| &s.config.endpoints[..]).unwrap_or(&[]),
+        "config": current.as_ref().map(|s| &s.config.planner),
+    }))
+}
+
+async fn not_found() -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({
+            "error": "not_found",
+            "message": "no such route; see POST /v1/produce, POST /v1/plan, GET /v1/endpoints",
+        })),
+    )
+}

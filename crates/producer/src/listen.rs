@@ -1,0 +1,101 @@
+//! Serving one listener: accepting connections under a cap, and serving each with HTTP/1 and
+//! HTTP/2 (h2c, for gRPC) under timeouts that a slow or silent client cannot outlast.
+//!
+//! - A client must send a request's headers within `header_read_timeout`; for HTTP/1 the same
+//!   limit closes a kept-alive connection idle between requests (hyper arms it whenever it waits
+//!   for a request head).
+//! - HTTP/2 connections are pinged every `http2_keepalive` and closed when a ping goes unanswered.
+//! - At most `max_connections` connections are open at once; beyond, new ones wait in the
+//!   kernel's accept queue until one closes.
+//! - On shutdown, the listener stops accepting and every connection is closed gracefully: idle
+//!   ones at once, busy ones after their response (HTTP/2: GOAWAY).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+/// The connection limits of one listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    pub header_read_timeout: Duration,
+    pub http2_keepalive: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(5),
+            http2_keepalive: Duration::from_secs(20),
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// Serves `router` on `tcp` until `stop` turns true; then closes every connection gracefully
+/// and returns once they are all closed.
+pub async fn serve(
+    tcp: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.http2_keepalive)
+        .keep_alive_timeout(limits.http2_keepalive);
+    let builder = Arc::new(builder);
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = stopped(&mut stop) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = tcp.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of fds, or the peer left before accept: back off a little, go on.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut stop) => break,
+        };
+        // Small responses go out at once (no Nagle delay).
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, %error, "connection closed with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(tcp);
+    graceful.shutdown().await;
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}

@@ -1,0 +1,59 @@
+//! Where the config comes from: a file polled for changes, or a ConfigMap watched through the
+//! Kubernetes API. Each source hands every text it sees to the core's config store.
+
+pub mod configmap;
+pub mod file;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::core::config_store::{ConfigSource, ConfigStore};
+use std::sync::Arc;
+
+/// A config source, as the command line names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `--config FILE`, polled every `poll`.
+    File { path: PathBuf, poll: Duration },
+    /// `--configmap NAMESPACE/NAME`.
+    ConfigMap { namespace: String, name: String },
+}
+
+impl Source {
+    /// What `GET /v1/endpoints` and the logs call it.
+    pub fn describe(&self) -> ConfigSource {
+        match self {
+            Source::File { path, .. } => ConfigSource::File {
+                path: path.display().to_string(),
+            },
+            Source::ConfigMap { namespace, name } => ConfigSource::ConfigMap {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                key: configmap::CONFIG_KEY.to_string(),
+            },
+        }
+    }
+
+    /// Loads what must be there at start (a file must hold a valid config) and starts watching
+    /// for changes on the current runtime.
+    pub async fn start(&self, store: Arc<ConfigStore>) -> Result<(), String> {
+        match self {
+            Source::File { path, poll } => {
+                let applied = file::load(&store, path)?;
+                tokio::spawn(file::watch(store, path.clone(), *poll, applied));
+            }
+            Source::ConfigMap { namespace, name } => {
+                let client = kube::Client::try_default()
+                    .await
+                    .map_err(|e| format!("cannot reach the Kubernetes API for --configmap: {e}"))?;
+                tokio::spawn(configmap::watch(
+                    store,
+                    client,
+                    namespace.clone(),
+                    name.clone(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,49 @@
+//! The tools binary, run as users run it.
+
+use std::process::{Command, Stdio};
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_burst-prefix-tools"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn the tools binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn demo_reports_where_the_burst_landed_and_exits_0() {
+    let (code, stdout, stderr) = run(&["demo"]);
+    assert_eq!(code, 0, "{stderr}");
+    for needle in [
+        "6 prompts x 8 samples",
+        "demo/vllm-0-rank-0",
+        "demo/vllm-3-rank-0",
+        "no affinity",
+        "round-robin",
+        "less prefill",
+    ] {
+        assert!(stdout.contains(needle), "{needle} missing in\n{stdout}");
+    }
+    // When the burst made one window (it does unless the machine is very slow), every rollout
+    // prompt landed whole on one replica.
+    if stdout.contains("answered by 1 window(s)") {
+        for p in 1..=6 {
+            assert!(stdout.contains(&format!("prompt {p} x8")), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn simulate_prints_a_table_and_bad_options_exit_2() {
+    let (code, stdout, stderr) = run(&["simulate", "--workload", "grpo"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("burst"), "{stdout}");
+    let (code, _, stderr) = run(&["simulate", "--workload", "nonsense"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("nonsense"), "{stderr}");
+}
