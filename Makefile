@@ -35,10 +35,11 @@ demo:
 bench:
 	$(CARGO) bench --locked -p burst-prefix-planner
 
-# Regenerate the CRD YAML from the Rust types (crds/ and the chart's copy).
+# Regenerate the CRD YAML from the Rust types (crds/ and the chart's copy, which the chart's
+# templates/crds.yaml renders when crds.install is true).
 crds:
 	$(CARGO) run -q --locked -p burst-prefix-operator -- crd > crds/burstprefixpolicies.yaml
-	cp crds/burstprefixpolicies.yaml charts/burst-prefix/crds/burstprefixpolicies.yaml
+	cp crds/burstprefixpolicies.yaml charts/burst-prefix/files/crds/burstprefixpolicies.yaml
 
 # End to end on a kind cluster: builds both images, installs the chart, sends a burst. Needs
 # Docker, kind, kubectl, helm and curl; not part of `make test`.

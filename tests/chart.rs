@@ -121,20 +121,6 @@ fn strings(value: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// Waits until the BurstPrefixPolicy CRD (installed from the chart's crds/) is served.
-fn wait_crd_established(control_plane: &ControlPlane) {
-    run(
-        control_plane.kubectl().args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/burstprefixpolicies.burstprefix.io",
-        ]),
-        None,
-    )
-    .expect("the chart installs the CRD");
-}
-
 #[test]
 fn lint_is_clean_with_strict() {
     let control_plane = ControlPlane::shared();
@@ -144,9 +130,17 @@ fn lint_is_clean_with_strict() {
             "--set",
             "replicas=2",
             "--set",
-            "watchNamespaces={ml}",
+            "watchNamespaces={ml,ops}",
             "--set",
             "serviceMonitor.enabled=true",
+            "--set",
+            "producer.podMonitor.enabled=true",
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "grafanaDashboard.enabled=true",
+            "--set",
+            "crds.install=false",
         ],
     ] {
         let output = run(
@@ -216,47 +210,121 @@ async fn default_values_render_objects_the_api_server_accepts() {
     install_crd(control_plane);
     let ns = control_plane.namespace("chart-default").await.unwrap();
     let manifest = helm_template(control_plane, "burst-prefix", &ns, &[]).unwrap();
-    // The CRD is in crds/, which helm installs but does not template.
-    assert!(!manifest.contains("CustomResourceDefinition"));
     let objects = server_dry_run(control_plane, &manifest);
     // Cluster-wide, one replica: no leader election, so no Lease, Role or PodDisruptionBudget.
+    // The CRD is a template (crds.install), and so is the `helm test` Pod.
     assert_eq!(
         kinds(&objects),
         [
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
             "Deployment",
+            "Pod",
             "Service",
             "ServiceAccount"
         ]
     );
     for object in &objects {
         let labels = &object["metadata"]["labels"];
-        assert_eq!(labels["app.kubernetes.io/instance"], "burst-prefix");
-        assert_eq!(labels["app.kubernetes.io/managed-by"], "Helm");
-        if object["kind"] != "ClusterRole" && object["kind"] != "ClusterRoleBinding" {
+        let kind = object["kind"].as_str().unwrap();
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "Helm", "{kind}");
+        if kind == "CustomResourceDefinition" {
+            // The cluster's, not the release's: kept on uninstall.
+            assert_eq!(labels["app.kubernetes.io/instance"], Value::Null);
+            assert_eq!(
+                object["metadata"]["annotations"]["helm.sh/resource-policy"],
+                "keep"
+            );
+            continue;
+        }
+        assert_eq!(
+            labels["app.kubernetes.io/instance"], "burst-prefix",
+            "{kind}"
+        );
+        if !kind.starts_with("Cluster") {
             assert_eq!(object["metadata"]["namespace"], ns.as_str(), "{object}");
         }
     }
+    // The chart renders the CRD the code generates (crates/operator/tests/crd_drift.rs keeps
+    // the file in step).
+    let crd = of_kind(&objects, "CustomResourceDefinition")[0];
+    let generated = burst_prefix_api::policy::crd();
+    let columns = |versions: &Value| -> Vec<String> {
+        versions[0]["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        columns(&crd["spec"]["versions"]),
+        generated.spec.versions[0]
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.clone())
+            .collect::<Vec<_>>()
+    );
+
     let deployment = of_kind(&objects, "Deployment")[0];
     assert_eq!(deployment["spec"]["replicas"], 1);
     assert_hardened_operator(deployment, "burst-prefix");
-    let args = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["affinity"],
+        Value::Null,
+        "one replica: no anti-affinity"
+    );
+    let args = strings(&pod["containers"][0]["args"]);
     assert_eq!(
         args,
         [
             "run",
             "--admin-listen=0.0.0.0:8081",
+            "--producer-image=ghcr.io/burst-prefix/burst-prefix-producer:0.1.0",
+            r#"--producer-resources={"limits":{"memory":"512Mi"},"requests":{"cpu":"100m","memory":"64Mi"}}"#,
+            "--pool-api-recheck-seconds=30",
+            "--api-refusal-grace-seconds=30",
             "--log-format=json",
             "--log-level=info"
         ]
     );
-    let image = &deployment["spec"]["template"]["spec"]["containers"][0]["image"];
+    let image = &pod["containers"][0]["image"];
     assert_eq!(image, "ghcr.io/burst-prefix/burst-prefix-operator:0.1.0");
-    let binding = of_kind(&objects, "ClusterRoleBinding")[0];
-    assert_eq!(
-        binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "burst-prefix", "namespace": ns}])
+    // The cluster-wide write path is its own, named ClusterRole.
+    for half in ["read", "write"] {
+        let binding = of_kind(&objects, "ClusterRoleBinding")
+            .into_iter()
+            .find(|b| b["metadata"]["name"] == format!("burst-prefix-{half}"))
+            .unwrap_or_else(|| panic!("ClusterRoleBinding burst-prefix-{half}"));
+        assert_eq!(binding["roleRef"]["name"], format!("burst-prefix-{half}"));
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "burst-prefix", "namespace": ns}])
+        );
+    }
+    let write = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "burst-prefix-write")
+        .unwrap();
+    let write_verbs: Vec<&str> = write["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| strings(&r["verbs"]))
+        .collect();
+    assert!(
+        write_verbs
+            .iter()
+            .all(|v| ["create", "patch", "delete", "get"].contains(v)),
+        "{write_verbs:?}"
     );
     let service = of_kind(&objects, "Service")[0];
     assert_eq!(service["spec"]["ports"][0]["name"], "metrics");
@@ -265,80 +333,153 @@ async fn default_values_render_objects_the_api_server_accepts() {
         service["spec"]["selector"]["app.kubernetes.io/component"],
         "operator"
     );
+    // `helm test`: the operator's /readyz through its Service, from a hardened pod.
+    let test = of_kind(&objects, "Pod")[0];
+    assert_eq!(test["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let command = strings(&test["spec"]["containers"][0]["command"]).join(" ");
+    assert!(
+        command.ends_with(&format!("http://burst-prefix-metrics.{ns}.svc:8081/readyz")),
+        "{command}"
+    );
+    assert_eq!(test["spec"]["securityContext"]["runAsNonRoot"], true);
 }
 
-/// Enough of the Prometheus Operator's ServiceMonitor CRD for the API server to serve the kind.
-const SERVICE_MONITOR_CRD: &str = r#"
+/// Enough of the Prometheus Operator's CRDs for the API server to serve their kinds.
+fn monitoring_crd(kind: &str, plural: &str) -> String {
+    format!(
+        r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: servicemonitors.monitoring.coreos.com
+  name: {plural}.monitoring.coreos.com
 spec:
   group: monitoring.coreos.com
-  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor}
+  names: {{kind: {kind}, plural: {plural}, singular: {singular}}}
   scope: Namespaced
   versions:
     - name: v1
       served: true
       storage: true
       schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
+        openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}
+"#,
+        singular = kind.to_lowercase()
+    )
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn non_default_values_render_objects_the_api_server_accepts() {
     let control_plane = ControlPlane::shared();
     install_crd(control_plane);
-    run(
-        control_plane
-            .kubectl()
-            .args(["apply", "--server-side", "-f", "-"]),
-        Some(SERVICE_MONITOR_CRD),
-    )
-    .unwrap();
-    run(
-        control_plane.kubectl().args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/servicemonitors.monitoring.coreos.com",
-        ]),
-        None,
-    )
-    .unwrap();
+    for (kind, plural) in [
+        ("ServiceMonitor", "servicemonitors"),
+        ("PodMonitor", "podmonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ] {
+        run(
+            control_plane
+                .kubectl()
+                .args(["apply", "--server-side", "-f", "-"]),
+            Some(&monitoring_crd(kind, plural)),
+        )
+        .unwrap();
+        run(
+            control_plane.kubectl().args([
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                &format!("crd/{plural}.monitoring.coreos.com"),
+            ]),
+            None,
+        )
+        .unwrap();
+    }
     let ns = control_plane.namespace("chart-custom").await.unwrap();
     let watched = control_plane.namespace("chart-watched").await.unwrap();
-    let watch = format!("watchNamespaces={{{watched}}}");
+    let also = control_plane.namespace("chart-watched-too").await.unwrap();
+    let watch = format!("watchNamespaces={{{watched},{also}}}");
     let values = [
         "--set",
         "replicas=2",
         "--set",
         watch.as_str(),
         "--set",
+        "crds.install=false",
+        "--set",
         "serviceMonitor.enabled=true",
         "--set",
         "serviceMonitor.labels.release=prometheus",
         "--set",
+        "producer.podMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "grafanaDashboard.enabled=true",
+        "--set",
         "image.tag=dev",
+        "--set",
+        "imageRegistry=mirror.internal:5000",
+        "--set",
+        "producer.image.tag=1.2.3",
+        "--set",
+        "producer.image.pullPolicy=Always",
+        "--set",
+        "producer.imagePullSecrets[0].name=regcred",
+        "--set",
+        "producer.resources.limits.memory=1Gi",
+        "--set",
+        "producer.allowedImagePrefixes={mirror.internal:5000/}",
+        "--set",
+        "podSelector=app.kubernetes.io/component=model-server",
         "--set",
         "logFormat=text",
         "--set",
         "nodeSelector.pool=system",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+        "--set",
+        "podLabels.team=ml-platform",
+        "--set",
+        "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=op@p.iam.gserviceaccount.com",
+        "--set",
+        "extraArgs={--retry-max-seconds=60}",
+        "--set-json",
+        r#"extraEnv=[{"name":"HTTPS_PROXY","value":"http://proxy:3128"}]"#,
+        "--set-json",
+        r#"topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"topology.kubernetes.io/zone","whenUnsatisfiable":"ScheduleAnyway","labelSelector":{"matchLabels":{"app.kubernetes.io/component":"operator"}}}]"#,
+        "--set-json",
+        r#"securityContext={"runAsNonRoot":true,"readOnlyRootFilesystem":true,"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]},"seccompProfile":{"type":"RuntimeDefault"},"runAsUser":1000}"#,
     ];
-    let api = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"];
+    let api = [
+        "--api-versions",
+        "monitoring.coreos.com/v1/ServiceMonitor",
+        "--api-versions",
+        "monitoring.coreos.com/v1/PodMonitor",
+        "--api-versions",
+        "monitoring.coreos.com/v1/PrometheusRule",
+    ];
     let manifest =
         helm_template(control_plane, "bp", &ns, &[&values[..], &api[..]].concat()).unwrap();
     let objects = server_dry_run(control_plane, &manifest);
-    // One watched namespace: Roles, no ClusterRole. Two replicas: leader election (its Lease and
-    // Role) and a PodDisruptionBudget.
+    // Two watched namespaces: a Role and RoleBinding in each, no cluster-wide role for the
+    // operator (the aggregated edit/view ClusterRoles grant it nothing). Two replicas: leader
+    // election (its Lease and Role) and a PodDisruptionBudget.
     assert_eq!(
         kinds(&objects),
         [
+            "ClusterRole",
+            "ClusterRole",
+            "ConfigMap",
             "Deployment",
             "Lease",
+            "Pod",
             "PodDisruptionBudget",
+            "PodMonitor",
+            "PrometheusRule",
             "Role",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "RoleBinding",
             "Service",
@@ -348,11 +489,13 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
     );
     let fullname = "bp-burst-prefix";
     let roles = of_kind(&objects, "Role");
-    let watch_role = roles
-        .iter()
-        .find(|r| r["metadata"]["namespace"] == watched.as_str())
-        .expect("a Role in the watched namespace");
-    assert_eq!(watch_role["metadata"]["name"], fullname);
+    for namespace in [&watched, &also] {
+        let role = roles
+            .iter()
+            .find(|r| r["metadata"]["namespace"] == namespace.as_str())
+            .unwrap_or_else(|| panic!("a Role in {namespace}"));
+        assert_eq!(role["metadata"]["name"], fullname);
+    }
     let lease_role = roles
         .iter()
         .find(|r| r["metadata"]["namespace"] == ns.as_str())
@@ -368,17 +511,45 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
             json!([{"kind": "ServiceAccount", "name": fullname, "namespace": ns}])
         );
     }
+    let account = of_kind(&objects, "ServiceAccount")[0];
+    assert_eq!(
+        account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"],
+        "op@p.iam.gserviceaccount.com"
+    );
     let deployment = of_kind(&objects, "Deployment")[0];
     assert_eq!(deployment["spec"]["replicas"], 2);
     assert_hardened_operator(deployment, fullname);
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"pool": "system"}));
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert_eq!(
-        pod["containers"][0]["image"],
-        "ghcr.io/burst-prefix/burst-prefix-operator:dev"
+        deployment["spec"]["template"]["metadata"]["labels"]["team"],
+        "ml-platform"
     );
-    let args = strings(&pod["containers"][0]["args"]);
-    let watch_arg = format!("--watch-namespace={watched}");
+    // Two replicas and no affinity given: one per node, preferably.
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(
+        anti["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(
+        pod["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        "mirror.internal:5000/burst-prefix/burst-prefix-operator:dev"
+    );
+    assert_eq!(container["securityContext"]["runAsUser"], 1000);
+    assert!(container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "HTTPS_PROXY" && e["value"] == "http://proxy:3128"));
+    let args = strings(&container["args"]);
+    let watch_arg = format!("--watch-namespace={watched},{also}");
     let lease_arg = format!("--lease-name={fullname}");
     for expected in [
         watch_arg.as_str(),
@@ -386,9 +557,21 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
         lease_arg.as_str(),
         "--lease-duration-seconds=15",
         "--log-format=text",
+        "--pod-selector=app.kubernetes.io/component=model-server",
+        "--producer-image=mirror.internal:5000/burst-prefix/burst-prefix-producer:1.2.3",
+        "--producer-image-pull-policy=Always",
+        "--producer-image-pull-secret=regcred",
+        r#"--producer-resources={"limits":{"memory":"1Gi"},"requests":{"cpu":"100m","memory":"64Mi"}}"#,
+        "--allowed-producer-image-prefix=mirror.internal:5000/",
+        "--retry-max-seconds=60",
     ] {
         assert!(args.contains(&expected), "{expected} in {args:?}");
     }
+    assert_eq!(
+        args.last(),
+        Some(&"--retry-max-seconds=60"),
+        "extraArgs come last"
+    );
     assert_eq!(
         of_kind(&objects, "PodDisruptionBudget")[0]["spec"]["minAvailable"],
         1
@@ -397,13 +580,71 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
     assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    // Every producer pod of the watched namespaces, on its metrics port.
+    let producers = of_kind(&objects, "PodMonitor")[0];
+    assert_eq!(
+        producers["spec"]["namespaceSelector"]["matchNames"],
+        json!([watched, also])
+    );
+    assert_eq!(
+        producers["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "burst-prefix-producer"
+    );
+    assert_eq!(
+        producers["spec"]["podMetricsEndpoints"][0]["port"],
+        "metrics"
+    );
+    let rules = of_kind(&objects, "PrometheusRule")[0];
+    let alerts: Vec<&str> = rules["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        alerts,
+        [
+            "BurstPrefixProducerNoEndpoints",
+            "BurstPrefixReconcileErrors",
+            "BurstPrefixRequestsRejected",
+            "BurstPrefixPlanningSlow"
+        ]
+    );
+    let dashboard = of_kind(&objects, "ConfigMap")[0];
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value =
+        serde_json::from_str(dashboard["data"]["burst-prefix.json"].as_str().unwrap()).unwrap();
+    assert_eq!(json["uid"], "burst-prefix");
+    // The edit and view roles of the namespaces' users, extended to policies.
+    let aggregated = of_kind(&objects, "ClusterRole");
+    let edit = aggregated
+        .iter()
+        .find(|r| r["metadata"]["name"] == format!("{fullname}-edit"))
+        .unwrap();
+    assert_eq!(
+        edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    let view = aggregated
+        .iter()
+        .find(|r| r["metadata"]["name"] == format!("{fullname}-view"))
+        .unwrap();
+    assert_eq!(
+        view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
 
     // Leader election asked for with one replica: the Lease and its Role, no PodDisruptionBudget.
     let one = helm_template(
         control_plane,
         "bp",
         &ns,
-        &["--set", "leaderElection.enabled=true"],
+        &[
+            "--set",
+            "leaderElection.enabled=true",
+            "--set",
+            "crds.install=false",
+        ],
     )
     .unwrap();
     let objects = server_dry_run(control_plane, &one);
@@ -418,10 +659,99 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
         "{args}"
     );
 
-    // Where the API is not served, serviceMonitor.enabled renders no ServiceMonitor (and NOTES.txt
+    // Where the APIs are not served, the monitoring objects are not rendered (and NOTES.txt
     // says why).
     let without_api = helm_template(control_plane, "bp", &ns, &values).unwrap();
-    assert!(!without_api.contains("kind: ServiceMonitor"));
+    for kind in ["ServiceMonitor", "PodMonitor", "PrometheusRule"] {
+        assert!(!without_api.contains(&format!("kind: {kind}")), "{kind}");
+    }
+}
+
+/// The aggregated roles' rules work: a user bound to `<release>-edit` may manage policies, one
+/// bound to `<release>-view` may only read them. (The aggregation into the built-in admin, edit
+/// and view roles is kube-controller-manager's, which does not run here; the labels are
+/// checked above.)
+#[tokio::test(flavor = "multi_thread")]
+async fn aggregated_roles_let_namespace_users_edit_or_view_policies() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let ns = control_plane.namespace("chart-aggregated").await.unwrap();
+    let manifest = helm_template(
+        control_plane,
+        "agg",
+        &ns,
+        &[
+            "--set",
+            "crds.install=false",
+            "--show-only",
+            "templates/aggregated-roles.yaml",
+        ],
+    )
+    .unwrap();
+    run(
+        control_plane
+            .kubectl()
+            .args(["apply", "--server-side", "-f", "-"]),
+        Some(&manifest),
+    )
+    .unwrap();
+    let client = control_plane.client();
+    for (user, role) in [
+        ("editor", "agg-burst-prefix-edit"),
+        ("viewer", "agg-burst-prefix-view"),
+    ] {
+        let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": user, "namespace": ns}],
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    let editor = control_plane.client_for(
+        &control_plane
+            .service_account_token(&ns, "editor")
+            .await
+            .unwrap(),
+    );
+    let viewer = control_plane.client_for(
+        &control_plane
+            .service_account_token(&ns, "viewer")
+            .await
+            .unwrap(),
+    );
+    let policy = |verb| (verb, "burstprefix.io", "burstprefixpolicies");
+    for (client, verb, allowed) in [
+        (&editor, "create", true),
+        (&editor, "delete", true),
+        (&editor, "update", true),
+        (&viewer, "get", true),
+        (&viewer, "list", true),
+        (&viewer, "create", false),
+        (&viewer, "delete", false),
+    ] {
+        let (verb, group, resource) = policy(verb);
+        assert_eq!(
+            may(client, verb, group, resource, Some(&ns), None).await,
+            allowed,
+            "{verb}"
+        );
+    }
+    // Nobody may write a status but the operator.
+    assert!(
+        !may(
+            &editor,
+            "patch",
+            "burstprefix.io",
+            "burstprefixpolicies/status",
+            Some(&ns),
+            None
+        )
+        .await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -429,14 +759,13 @@ async fn bad_values_are_refused_by_the_schema_with_a_clear_message() {
     let control_plane = ControlPlane::shared();
     let schema_error = "values don't meet the specifications of the schema";
     let cases: &[(&str, &[&str])] = &[
-        // The operator's --watch-namespace takes one namespace.
-        (
-            "watchNamespaces={a,b}",
-            &["/watchNamespaces", "maxItems: got 2, want 1"],
-        ),
         (
             "watchNamespaces={Not_A_Namespace}",
             &["/watchNamespaces/0", "does not match pattern"],
+        ),
+        (
+            "watchNamespaces={ml,ml}",
+            &["/watchNamespaces", "items at 0 and 1 are equal"],
         ),
         ("replicas=-1", &["/replicas", "minimum"]),
         ("logFormat=xml", &["/logFormat", "'json', 'text'"]),
@@ -461,6 +790,18 @@ async fn bad_values_are_refused_by_the_schema_with_a_clear_message() {
         (
             "replicaCount=2",
             &["additional properties 'replicaCount' not allowed"],
+        ),
+        (
+            "podSelector=app in (a b)",
+            &["/podSelector", "does not match pattern"],
+        ),
+        (
+            "producer.image.pullPolicy=Sometimes",
+            &["/producer/image/pullPolicy", "'Always'"],
+        ),
+        (
+            "extraArgs={retry}",
+            &["/extraArgs/0", "does not match pattern"],
         ),
         (
             "serviceMonitor.enable=true",
@@ -491,28 +832,15 @@ async fn bad_values_are_refused_by_the_schema_with_a_clear_message() {
     .unwrap_err();
     assert!(error.contains("/watchNamespaces/0"), "{error}");
 
-    // Rendered without the schema, the templates still refuse two namespaces, saying why.
-    let error = helm_template(
-        control_plane,
-        "bp",
-        "default",
-        &["--skip-schema-validation", "--set", "watchNamespaces={a,b}"],
-    )
-    .unwrap_err();
-    assert!(
-        error.contains("the operator watches one namespace or all of them"),
-        "{error}"
-    );
-
     // helm install refuses too, before creating anything.
     let ns = control_plane.namespace("chart-bad").await.unwrap();
     let mut install = control_plane.helm();
     install
         .args(["install", "bad", "--namespace", &ns])
         .arg(chart())
-        .args(["--set", "watchNamespaces={a,b}"]);
+        .args(["--set", "replicas=-1"]);
     let error = run(&mut install, None).unwrap_err();
-    assert!(error.contains("maxItems: got 2, want 1"), "{error}");
+    assert!(error.contains("/replicas"), "{error}");
     let releases = run(
         control_plane
             .helm()
@@ -528,17 +856,15 @@ async fn bad_values_are_refused_by_the_schema_with_a_clear_message() {
     assert!(accounts.items.is_empty());
 }
 
+/// The selector examples pass the CRD and the operator's validation. (The InferencePool example
+/// is checked against the real InferencePool schema in tests/inference_pool.rs.)
 #[tokio::test(flavor = "multi_thread")]
 async fn example_policies_pass_server_side_dry_run() {
     let control_plane = ControlPlane::shared();
     install_crd(control_plane);
     let ns = control_plane.namespace("examples").await.unwrap();
     let mut seen = Vec::new();
-    for example in [
-        "vllm-policy.yaml",
-        "inferencepool-policy.yaml",
-        "rl-rollout-policy.yaml",
-    ] {
+    for example in ["vllm-policy.yaml", "rl-rollout-policy.yaml"] {
         let output = run(
             control_plane
                 .kubectl()
@@ -563,23 +889,29 @@ async fn example_policies_pass_server_side_dry_run() {
             .planner
             .validate()
             .unwrap_or_else(|e| panic!("examples/{example}: {e}"));
+        // No image: the operator's --producer-image (the chart's producer.image) decides.
+        assert_eq!(policy.spec.producer.image, None, "{example}");
         seen.push(policy);
     }
-    let [vllm, pool, rl] = &seen[..] else {
+    let [vllm, rl] = &seen[..] else {
         unreachable!()
     };
     assert_eq!(vllm.spec.target_ports[0].number, 8000);
     assert!(vllm.spec.selector.is_some() && vllm.spec.pool_ref.is_none());
-    assert!(pool.spec.pool_ref.is_some() && pool.spec.selector.is_none());
     assert_eq!(rl.spec.planner.max_per_replica, 4);
     assert_eq!(rl.spec.planner.min_colocate_blocks, 0);
 }
 
 /// What the operator does with the API where it watches (crates/operator/src/controller.rs and
 /// apply.rs): group, resource (`/subresource`), verbs. The chart must grant exactly these: each
-/// verb listed, and none of the others.
+/// verb listed, and none of the others. (Leases are checked apart: the chart's own one too.)
 const OPERATOR_NEEDS: &[(&str, &str, &[&str])] = &[
-    ("burstprefix.io", "burstprefixpolicies", &["list", "watch"]),
+    // get: the status of a policy whose spec this operator cannot read.
+    (
+        "burstprefix.io",
+        "burstprefixpolicies",
+        &["get", "list", "watch"],
+    ),
     ("burstprefix.io", "burstprefixpolicies/status", &["patch"]),
     ("", "pods", &["list", "watch"]),
     (
@@ -611,7 +943,19 @@ const OPERATOR_NEEDS: &[(&str, &str, &[&str])] = &[
         "rolebindings",
         &["list", "watch", "create", "patch"],
     ),
+    // delete: the budget of a policy back to one producer replica.
+    (
+        "policy",
+        "poddisruptionbudgets",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    ("events.k8s.io", "events", &["create", "patch"]),
 ];
+
+/// What the operator does with Leases where it watches: creates each producer Lease (and
+/// deletes it back at one replica), and holds get and patch because the producer Role grants
+/// them. Never list or watch.
+const PRODUCER_LEASE_VERBS: &[&str] = &["get", "create", "patch", "delete"];
 
 const VERBS: &[&str] = &[
     "get",
@@ -634,6 +978,7 @@ const NEVER: &[(&str, &str, &str)] = &[
     ("", "nodes", "list"),
     ("", "events", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("rbac.authorization.k8s.io", "clusterroles", "create"),
     ("rbac.authorization.k8s.io", "roles", "escalate"),
     ("rbac.authorization.k8s.io", "roles", "bind"),
@@ -738,31 +1083,35 @@ async fn rbac_mismatches(client: &Client, scope: &Scope<'_>) -> Vec<String> {
         check(false, verb, group, resource, Some(scope.watched), None);
         check(false, verb, group, resource, None, None);
     }
-    // The leader Lease: the chart creates it; the operator reads and renews that one only.
+    // Leases. Where it watches: the producers' (any name). In the release namespace, unless it
+    // is watched (cluster-wide): only the chart's leader Lease, get and patch.
     let leases = ("coordination.k8s.io", "leases");
-    let lease = scope.lease.unwrap_or("burst-prefix");
     let release_ns = Some(scope.release_namespace);
     for verb in VERBS {
-        let need = scope.lease.is_some() && matches!(*verb, "get" | "patch");
-        check(need, verb, leases.0, leases.1, release_ns, Some(lease));
+        let producer = PRODUCER_LEASE_VERBS.contains(verb);
         check(
-            false,
+            producer,
+            verb,
+            leases.0,
+            leases.1,
+            Some(scope.watched),
+            Some("rl-producer"),
+        );
+        if let Some(lease) = scope.lease {
+            let need = matches!(*verb, "get" | "patch") || (scope.cluster_wide && producer);
+            check(need, verb, leases.0, leases.1, release_ns, Some(lease));
+        }
+        check(
+            scope.cluster_wide && producer,
             verb,
             leases.0,
             leases.1,
             release_ns,
             Some("another-lease"),
         );
-        check(
-            false,
-            verb,
-            leases.0,
-            leases.1,
-            Some(scope.watched),
-            Some(lease),
-        );
     }
-    check(false, "create", leases.0, leases.1, release_ns, None);
+    check(false, "list", leases.0, leases.1, Some(scope.watched), None);
+    check(false, "watch", leases.0, leases.1, None, None);
 
     let answers = futures::future::join_all(
         checks
@@ -1107,13 +1456,13 @@ async fn cluster_wide_install_runs_the_operator_with_the_chart_rbac_then_uninsta
     let release = "burst-prefix-cw";
     let release_ns = control_plane.namespace("chart-cw").await.unwrap();
     let app_ns = control_plane.namespace("chart-cw-ml").await.unwrap();
+    install_crd(control_plane);
     helm_install(
         control_plane,
         release,
         &release_ns,
-        &["--set", "replicas=2"],
+        &["--set", "replicas=2", "--set", "crds.install=false"],
     );
-    wait_crd_established(control_plane);
     let pod_name = format!("{release}-test-0");
     let (operator, token) =
         start_chart_operator(control_plane, release, &release_ns, &pod_name).await;
@@ -1148,9 +1497,13 @@ async fn cluster_wide_install_runs_the_operator_with_the_chart_rbac_then_uninsta
     // One verb fewer fails the flow: without create on configmaps a new policy gets no ConfigMap
     // and the operator logs the refusal; with the chart's rule back, it gets one.
     let original = run(
-        control_plane
-            .kubectl()
-            .args(["get", "clusterrole", release, "-o", "json"]),
+        control_plane.kubectl().args([
+            "get",
+            "clusterrole",
+            &format!("{release}-write"),
+            "-o",
+            "json",
+        ]),
         None,
     )
     .unwrap();
@@ -1161,7 +1514,7 @@ async fn cluster_wide_install_runs_the_operator_with_the_chart_rbac_then_uninsta
         .remove("resourceVersion");
     let restored = role.clone();
     for rule in role["rules"].as_array_mut().unwrap() {
-        if strings(&rule["resources"]) == ["configmaps"] {
+        if strings(&rule["resources"]).contains(&"configmaps") {
             rule["verbs"]
                 .as_array_mut()
                 .unwrap()
@@ -1225,8 +1578,13 @@ async fn one_namespace_install_runs_the_operator_with_the_chart_rbac_then_uninst
     let app_ns = control_plane.namespace("chart-ns-ml").await.unwrap();
     let other_ns = control_plane.namespace("chart-ns-other").await.unwrap();
     let watch = format!("watchNamespaces={{{app_ns}}}");
-    helm_install(control_plane, release, &release_ns, &["--set", &watch]);
-    wait_crd_established(control_plane);
+    install_crd(control_plane);
+    helm_install(
+        control_plane,
+        release,
+        &release_ns,
+        &["--set", &watch, "--set", "crds.install=false"],
+    );
     let (operator, token) = start_chart_operator(
         control_plane,
         release,

@@ -14,7 +14,9 @@ use common::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
 use serde_json::{json, Value};
@@ -301,6 +303,60 @@ async fn invalid_policies_are_refused_with_their_message() {
         .contains("targetPorts needs 1 to 8 ports"));
     let good = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: good\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  maxPerReplica: 4\n");
     kubectl_apply(control_plane, &good).unwrap();
+
+    // What the Deployment, the Service or the pod list would refuse later is refused now.
+    let spec_cases = [
+        (
+            "selector: {matchLabels: {app: vllm}}\n  producer: {image: ''}",
+            "producer.image must be an image reference without spaces",
+        ),
+        (
+            "selector: {matchLabels: {app: vllm}}\n  producer: {image: 'a b'}",
+            "producer.image must be an image reference without spaces",
+        ),
+        (
+            "selector: {matchLabels: {app: vllm}}\n  producer: {port: 9090}",
+            "producer.port, producer.metricsPort and producer.eppPort must be three different ports",
+        ),
+        (
+            "selector: {matchLabels: {app: vllm}}\n  producer: {eppPort: 8080}",
+            "must be three different ports",
+        ),
+        (
+            "selector: {matchExpressions: [{key: app, operator: Foo, values: [vllm]}]}",
+            "selector.matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist",
+        ),
+        (
+            "selector: {matchExpressions: [{key: app, operator: In}]}",
+            "selector.matchExpressions[].values must not be empty for In and NotIn",
+        ),
+        (
+            "selector: {matchExpressions: [{key: app, operator: Exists, values: [x]}]}",
+            "selector.matchExpressions[].values must be empty for Exists and DoesNotExist",
+        ),
+    ];
+    for (i, (spec, message)) in spec_cases.iter().enumerate() {
+        let yaml = format!(
+            "apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: refused-{i}\n  namespace: {ns}\nspec:\n  targetPorts: [{{number: 8000}}]\n  {spec}\n"
+        );
+        let stderr = kubectl_apply(control_plane, &yaml).unwrap_err();
+        assert!(stderr.contains(message), "{spec}: {stderr}");
+    }
+
+    // One message per broken rule: the rule table's, not a second one from an OpenAPI bound.
+    let yaml = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: once\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  windowDurationMs: 0\n  maxBatchSize: 0\n");
+    let stderr = kubectl_apply(control_plane, &yaml).unwrap_err();
+    for rule in ["windowDurationMs", "maxBatchSize"] {
+        assert_eq!(
+            stderr.matches(rule).count(),
+            2,
+            "{rule} named by its field path and its one message: {stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains("should be greater than or equal to"),
+        "{stderr}"
+    );
 }
 
 fn kubectl_apply(control_plane: &ControlPlane, yaml: &str) -> Result<(), String> {
@@ -404,4 +460,221 @@ async fn two_operators_one_leader() {
             .then_some(())
     })
     .await;
+}
+
+/// Producers run the operator's image unless a policy pins its own, so restarting the operator
+/// with a new --producer-image (a chart upgrade) rolls them; with more than one replica they get
+/// a Lease (theirs to hold, with get and patch only), a PodDisruptionBudget, Recreate and a
+/// spread, and lose them again at one replica.
+#[tokio::test(flavor = "multi_thread")]
+async fn producers_follow_the_operator_image_and_their_replicas() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let client = control_plane.client();
+    let ns = control_plane.namespace("producers").await.unwrap();
+    let image_args = |image: &'static str| {
+        vec![
+            "--producer-image",
+            image,
+            "--producer-image-pull-secret",
+            "regcred",
+        ]
+    };
+    let operator = start_operator(control_plane, &ns, &image_args("example.com/producer:v2"));
+    let spec =
+        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
+    create_policy(&client, &ns, "rl", spec.clone()).await;
+    let mut pinned = spec.clone();
+    pinned["producer"] = json!({"image": "example.com/producer:pinned"});
+    create_policy(&client, &ns, "pinned", pinned).await;
+
+    // Stored without an image: the CRD writes no default.
+    let stored = Api::<BurstPrefixPolicy>::namespaced(client.clone(), &ns)
+        .get("rl")
+        .await
+        .unwrap();
+    assert_eq!(stored.spec.producer.image, None);
+    assert_eq!(stored.spec.producer.epp_port, 9002);
+
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let image_of = |name: &'static str| {
+        let deployments = deployments.clone();
+        async move {
+            let deployment = deployments.get_opt(name).await.ok()??;
+            let pod = deployment.spec.template.spec?;
+            pod.containers[0].image.clone()
+        }
+    };
+    eventually("the operator's image", TIMEOUT, || async {
+        image_of("rl-producer")
+            .await
+            .filter(|i| i == "example.com/producer:v2")
+    })
+    .await;
+    eventually("the pinned image", TIMEOUT, || async {
+        image_of("pinned-producer")
+            .await
+            .filter(|i| i == "example.com/producer:pinned")
+    })
+    .await;
+    let deployment = deployments.get("rl-producer").await.unwrap();
+    let pod = deployment.spec.template.spec.unwrap();
+    assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "regcred");
+    let args = pod.containers[0].args.clone().unwrap().join(" ");
+    assert!(args.contains("--epp-listen 0.0.0.0:9002"), "{args}");
+    assert!(!args.contains("--leader-elect"), "{args}");
+    let service = Api::<Service>::namespaced(client.clone(), &ns)
+        .get("rl-producer")
+        .await
+        .unwrap();
+    let ports: Vec<(String, i32, Option<String>)> = service
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name.unwrap(), p.port, p.app_protocol))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("http".into(), 8080, Some("http".into())),
+            ("epp".into(), 9002, Some("kubernetes.io/h2c".into())),
+            ("metrics".into(), 9090, Some("http".into())),
+        ]
+    );
+
+    // Three replicas: leader election, a Lease the producers hold, a budget, Recreate, spread.
+    let policies = Api::<BurstPrefixPolicy>::namespaced(client.clone(), &ns);
+    let replicas = |n: i32| {
+        let policies = policies.clone();
+        async move {
+            policies
+                .patch(
+                    "rl",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"producer": {"replicas": n}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    replicas(3).await;
+    let deployment = eventually("three replicas, Recreate", TIMEOUT, || async {
+        deployments.get("rl-producer").await.ok().filter(|d| {
+            d.spec.replicas == Some(3)
+                && d.spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate")
+        })
+    })
+    .await;
+    assert!(deployment.spec.strategy.unwrap().rolling_update.is_none());
+    let pod = deployment.spec.template.spec.unwrap();
+    assert_eq!(
+        pod.topology_spread_constraints.unwrap()[0].topology_key,
+        "kubernetes.io/hostname"
+    );
+    let args = pod.containers[0].args.clone().unwrap().join(" ");
+    assert!(
+        args.ends_with(&format!(
+            "--leader-elect --lease-name rl-producer --lease-namespace {ns}"
+        )),
+        "{args}"
+    );
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns);
+    eventually("the Lease and the budget", TIMEOUT, || async {
+        let lease = leases.get_opt("rl-producer").await.ok()??;
+        let budget = budgets.get_opt("rl-producer").await.ok()??;
+        Some((lease, budget))
+    })
+    .await;
+    let role = Api::<Role>::namespaced(client.clone(), &ns)
+        .get("rl-producer")
+        .await
+        .unwrap();
+    assert_eq!(role.rules.unwrap().len(), 2);
+    // As the producer's ServiceAccount: its Lease, get and patch; nothing else of Leases.
+    let producer = control_plane.client_for(
+        &control_plane
+            .service_account_token(&ns, "rl-producer")
+            .await
+            .unwrap(),
+    );
+    for (verb, name, allowed) in [
+        ("get", Some("rl-producer"), true),
+        ("patch", Some("rl-producer"), true),
+        ("update", Some("rl-producer"), false),
+        ("delete", Some("rl-producer"), false),
+        ("get", Some("pinned-producer"), false),
+        ("create", None, false),
+        ("list", None, false),
+    ] {
+        assert_eq!(
+            may(&producer, verb, "coordination.k8s.io", "leases", &ns, name).await,
+            allowed,
+            "{verb} {name:?}"
+        );
+    }
+
+    // Back to one: the budget and the Lease go, RollingUpdate is back.
+    replicas(1).await;
+    eventually("the budget and the Lease to go", TIMEOUT, || async {
+        (budgets.get_opt("rl-producer").await.ok()?.is_none()
+            && leases.get_opt("rl-producer").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    let deployment = deployments.get("rl-producer").await.unwrap();
+    let strategy = deployment.spec.strategy.unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+
+    // A new operator image setting (what `helm upgrade` does to the operator's flags) rolls the
+    // producer that follows it, and leaves the pinned one alone.
+    drop(operator);
+    let _operator = start_operator(control_plane, &ns, &image_args("example.com/producer:v3"));
+    eventually("the new image", TIMEOUT, || async {
+        image_of("rl-producer")
+            .await
+            .filter(|i| i == "example.com/producer:v3")
+    })
+    .await;
+    assert_eq!(
+        image_of("pinned-producer").await.as_deref(),
+        Some("example.com/producer:pinned")
+    );
+}
+
+/// Asks the API server whether the holder of `client`'s token may do this.
+async fn may(
+    client: &kube::Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: &str,
+    name: Option<&str>,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                namespace: Some(namespace.into()),
+                name: name.map(Into::into),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .allowed
 }

@@ -1,7 +1,11 @@
-//! The operator recovers when kube-apiserver restarts. A test binary of its own: the restart
-//! takes the API away from every test sharing the control plane.
+//! The operator recovers when kube-apiserver restarts: a pod change made right after the
+//! restart reaches the producer's ConfigMap. Measured over three restarts (printed, not asserted:
+//! the target is under 10 s; before each watch had its own backoff it was up to ~45 s). A test
+//! binary of its own: the restart takes the API away from every test sharing the control plane.
 
 mod common;
+
+use std::time::Instant;
 
 use burst_prefix_test_support::ControlPlane;
 use common::{
@@ -33,24 +37,30 @@ async fn operator_recovers_after_apiserver_restart() {
     })
     .await;
 
-    control_plane.restart_apiserver().await.unwrap();
-
-    // A change made after the restart still reaches the ConfigMap: the watches came back. Every
-    // watch resumes from a resource version the new server's cache no longer has (410), backs
-    // off and relists; recovery took 1-45 s in repeated runs here, hence the long deadline.
-    let client = control_plane.client();
-    create_pod(&client, &ns, "vllm-1", "vllm").await;
-    set_pod_status(&client, &ns, "vllm-1", "10.2.0.2", true).await;
-    eventually(
-        "the second endpoint after the restart",
-        TIMEOUT * 3,
-        || async {
-            endpoint_ids(&client, &ns)
-                .await
-                .filter(|ids| ids.len() == 2)
-        },
-    )
-    .await;
+    let mut recoveries = Vec::new();
+    for round in 1..=3 {
+        control_plane.restart_apiserver().await.unwrap();
+        // Ready: the new kube-apiserver answers /readyz. From here, how long until a change
+        // made now reaches the ConfigMap (every watch resumes from a resource version the new
+        // server's cache may not have, and relists).
+        let client = control_plane.client();
+        let started = Instant::now();
+        let pod = format!("vllm-{round}");
+        create_pod(&client, &ns, &pod, "vllm").await;
+        set_pod_status(&client, &ns, &pod, &format!("10.2.0.{}", round + 1), true).await;
+        eventually(
+            &format!("endpoint {} after restart {round}", round + 1),
+            TIMEOUT,
+            || async {
+                endpoint_ids(&client, &ns)
+                    .await
+                    .filter(|ids| ids.len() == round + 1)
+            },
+        )
+        .await;
+        recoveries.push(started.elapsed().as_secs_f64());
+    }
+    println!("pod change after an API server restart reached the ConfigMap in {recoveries:.2?} s");
     assert_eq!(
         operator.exit_code(),
         None,

@@ -261,16 +261,8 @@ pub async fn condition(
     policy: &str,
     type_: &str,
 ) -> Option<(String, String)> {
-    let policy = Api::<BurstPrefixPolicy>::namespaced(client.clone(), namespace)
-        .get(policy)
-        .await
-        .ok()?;
-    let condition = policy
-        .status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)?;
-    Some((condition.status, condition.reason))
+    let (status, reason, _) = condition_full(client, namespace, policy, type_).await?;
+    Some((status, reason))
 }
 
 /// The real producer, out of cluster, watching ConfigMap `namespace/name` as ServiceAccount
@@ -300,4 +292,112 @@ pub async fn start_producer(control_plane: &ControlPlane, namespace: &str, name:
         api: format!("http://127.0.0.1:{api_port}"),
         admin: format!("http://127.0.0.1:{admin_port}"),
     }
+}
+
+/// The operator with its admin URL (`/readyz`, `/metrics`).
+pub struct Operator {
+    pub process: Process,
+    pub admin: String,
+}
+
+/// Like [`start_operator`], as any kubeconfig (e.g. a ServiceAccount's), with its admin URL.
+pub fn start_operator_as(
+    control_plane: &ControlPlane,
+    kubeconfig: &Path,
+    namespace: &str,
+    extra: &[&str],
+) -> Operator {
+    let port = free_port();
+    let mut command = Command::new(binary("burst-prefix-operator"));
+    command
+        .env("KUBECONFIG", kubeconfig)
+        .args(["run", "--watch-namespace", namespace])
+        .args(["--admin-listen", &format!("127.0.0.1:{port}")])
+        .args(extra);
+    Operator {
+        process: Process::spawn("operator", &mut command, control_plane.dir()),
+        admin: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// `(status, reason, message)` of a policy's condition.
+pub async fn condition_full(
+    client: &Client,
+    namespace: &str,
+    policy: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    // Untyped: a policy whose spec does not deserialize (a CRD newer than the code) has a
+    // status too.
+    let policy = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        namespace,
+        &kube::api::ApiResource::erase::<BurstPrefixPolicy>(&()),
+    )
+    .get(policy)
+    .await
+    .ok()?;
+    let status: burst_prefix_api::policy::BurstPrefixPolicyStatus =
+        serde_json::from_value(policy.data.get("status")?.clone()).ok()?;
+    let condition = status.conditions.into_iter().find(|c| c.type_ == type_)?;
+    Some((condition.status, condition.reason, condition.message))
+}
+
+/// The Events (events.k8s.io/v1) about policy `name` in `namespace`.
+pub async fn policy_events(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("BurstPrefixPolicy") && r.name.as_deref() == Some(name)
+            })
+        })
+        .collect()
+}
+
+/// The children of policy `policy` that exist (as `Kind/name`).
+pub async fn children_of(client: &Client, namespace: &str, policy: &str) -> Vec<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let name = format!("{policy}-producer");
+    let mut found = Vec::new();
+    macro_rules! check {
+        ($kind:ty, $label:expr) => {
+            if Api::<$kind>::namespaced(client.clone(), namespace)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                found.push(format!("{}/{name}", $label));
+            }
+        };
+    }
+    check!(ConfigMap, "ConfigMap");
+    check!(ServiceAccount, "ServiceAccount");
+    check!(Role, "Role");
+    check!(RoleBinding, "RoleBinding");
+    check!(Lease, "Lease");
+    check!(Service, "Service");
+    check!(PodDisruptionBudget, "PodDisruptionBudget");
+    check!(Deployment, "Deployment");
+    found
+}
+
+/// GET `url`: the status code and body, or `None` when nothing answers.
+pub async fn http_get(url: &str) -> Option<(u16, String)> {
+    let response = reqwest::get(url).await.ok()?;
+    let status = response.status().as_u16();
+    Some((status, response.text().await.ok()?))
 }

@@ -40,8 +40,32 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/*
+An image reference from repository and tag, with the registry host replaced by
+.Values.imageRegistry when that is set. Call with (dict "repository" R "tag" T "root" $).
+*/}}
+{{- define "burst-prefix.imageRef" -}}
+{{- $repository := .repository }}
+{{- $registry := .root.Values.imageRegistry }}
+{{- if $registry }}
+{{- $parts := splitList "/" $repository }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $repository = join "/" (rest $parts) }}
+{{- end }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}
+{{- end }}
+{{- printf "%s:%s" $repository (default .root.Chart.AppVersion .tag) }}
+{{- end }}
+
+{{/* The operator image. */}}
 {{- define "burst-prefix.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "burst-prefix.imageRef" (dict "repository" .Values.image.repository "tag" .Values.image.tag "root" .) }}
+{{- end }}
+
+{{/* The producer image the operator deploys (--producer-image). */}}
+{{- define "burst-prefix.producerImage" -}}
+{{- include "burst-prefix.imageRef" (dict "repository" .Values.producer.image.repository "tag" .Values.producer.image.tag "root" .) }}
 {{- end }}
 
 {{/* "true" when the operator takes the leader Lease: asked for, or more than one replica. */}}
@@ -55,51 +79,100 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The one watched namespace, or "" for all namespaces. The schema already limits the list to one
-item; this repeats the check for a chart rendered without schema validation (--skip-schema-validation).
+What the operator reads where it watches (crates/operator: controller.rs, apply.rs), and nothing
+else. Cluster-wide this is the ClusterRole <fullname>-read; per namespace it is half of the Role.
 */}}
-{{- define "burst-prefix.watchNamespace" -}}
-{{- if gt (len .Values.watchNamespaces) 1 }}
-{{- fail (printf "watchNamespaces: the operator watches one namespace or all of them (--watch-namespace takes one); got %d: %s. List one namespace, or none for all namespaces." (len .Values.watchNamespaces) (join ", " .Values.watchNamespaces)) }}
-{{- end }}
-{{- first .Values.watchNamespaces | default "" }}
-{{- end }}
-
-{{/*
-What the operator does with the API (crates/operator: controller.rs, apply.rs), and nothing else.
-Shared by the ClusterRole (all namespaces) and the Role (one namespace).
-*/}}
-{{- define "burst-prefix.operatorRules" -}}
-# BurstPrefixPolicies: watched (list, watch); the status written by server-side apply.
+{{- define "burst-prefix.operatorReadRules" -}}
+# BurstPrefixPolicies: watched (list, watch); get reads the status of one whose spec this
+# operator cannot deserialize.
 - apiGroups: ["burstprefix.io"]
   resources: ["burstprefixpolicies"]
-  verbs: ["list", "watch"]
-- apiGroups: ["burstprefix.io"]
-  resources: ["burstprefixpolicies/status"]
-  verbs: ["patch"]
-# The inference pods: listed in every reconcile, and watched.
+  verbs: ["get", "list", "watch"]
+# The inference pods: listed in every reconcile, and watched (metadata, Running pods only).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
-# InferencePools (poolRef): read in reconcile, watched when the API is served.
+# InferencePools (poolRef): read in reconcile, watched once the API is served.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "list", "watch"]
-# The children of a policy: watched (list, watch), written by server-side apply (patch, plus
-# create when the object is new). Nothing is ever deleted: owner references let the garbage
-# collector do that.
-# configmaps also need get: the producer's Role grants get, list, watch on its ConfigMap, and
-# RBAC lets the operator grant only what it holds itself. deployments: get, read back in reconcile.
+# The children, watched by the operator's label (list, watch). configmaps also need get: the
+# producer Role grants get, list, watch on its ConfigMap, and RBAC lets the operator grant only
+# what it holds itself. deployments: get, read back when an apply failed.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["list", "watch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{/*
+What the operator writes where it watches: the cluster-wide write path when it watches all
+namespaces (ClusterRole <fullname>-write), the other half of the Role per namespace.
+*/}}
+{{- define "burst-prefix.operatorWriteRules" -}}
+# The status, written by server-side apply.
+- apiGroups: ["burstprefix.io"]
+  resources: ["burstprefixpolicies/status"]
+  verbs: ["patch"]
+# The children of a policy, written by server-side apply (patch, plus create when the object is
+# new). They carry owner references, so the garbage collector deletes them with their policy;
+# the operator deletes only a PodDisruptionBudget and Lease it made when the policy goes back to
+# one producer replica.
+- apiGroups: [""]
+  resources: ["configmaps", "services", "serviceaccounts"]
+  verbs: ["create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch", "delete"]
+# The producers' Leases (replicas > 1): the operator creates each, and holds get and patch
+# because the producer Role grants them (RBAC lets it grant only what it holds).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "patch", "delete"]
+# Events on policies (kube-runtime's Recorder: create, then patch a repeated one).
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* The operator's flags from the values (besides the admin port and leader election). */}}
+{{- define "burst-prefix.operatorArgs" -}}
+{{- with .Values.watchNamespaces }}
+- --watch-namespace={{ join "," . }}
+{{- end }}
+{{- with .Values.podSelector }}
+- {{ printf "--pod-selector=%s" . | quote }}
+{{- end }}
+- {{ printf "--producer-image=%s" (include "burst-prefix.producerImage" .) | quote }}
+{{- with .Values.producer.image.pullPolicy }}
+- --producer-image-pull-policy={{ . }}
+{{- end }}
+{{- range .Values.producer.imagePullSecrets }}
+- --producer-image-pull-secret={{ .name }}
+{{- end }}
+{{- with .Values.producer.resources }}
+- {{ printf "--producer-resources=%s" (toJson .) | quote }}
+{{- end }}
+{{- range .Values.producer.allowedImagePrefixes }}
+- {{ printf "--allowed-producer-image-prefix=%s" . | quote }}
+{{- end }}
+- --pool-api-recheck-seconds={{ .Values.poolApiRecheckSeconds }}
+- --api-refusal-grace-seconds={{ .Values.apiRefusalGraceSeconds }}
 {{- end }}

@@ -1,13 +1,18 @@
 //! The `BurstPrefixPolicy` custom resource (`burstprefix.io/v1alpha1`).
 //!
 //! The planner fields sit flat in `spec`; the CRD schema carries [`crate::config::RULES`] as CEL
-//! (`x-kubernetes-validations`), so the API server refuses what the operator and producer would.
+//! (`x-kubernetes-validations`), so the API server refuses what the operator and producer would,
+//! with the same message, once per broken rule. Rules that only the API server's validation of
+//! the children would catch (an empty image, two producer ports on one number, a selector
+//! operator Kubernetes does not know) are CEL rules here too, so that a policy is refused when
+//! it is written instead of failing later in the operator.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, ValidationRule,
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+    ValidationRule,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};
@@ -18,13 +23,29 @@ use crate::config::{PlannerConfig, RULES};
 
 pub const GROUP: &str = "burstprefix.io";
 pub const VERSION: &str = "v1alpha1";
-/// The producer image the operator deploys unless `spec.producer.image` says otherwise.
+/// The producer image of this release: the operator's `--producer-image` default (the chart
+/// sets the flag). A policy names its own image only to pin or test one.
 pub const DEFAULT_PRODUCER_IMAGE: &str = concat!(
     "ghcr.io/burst-prefix/burst-prefix-producer:",
     env!("CARGO_PKG_VERSION")
 );
+/// The API port of the producer (`/v1/produce`, `/v1/plan`, the proxy routes).
+pub const DEFAULT_PORT: i32 = 8080;
+/// The admin port of the producer (`/healthz`, `/readyz`, `/metrics`).
+pub const DEFAULT_METRICS_PORT: i32 = 9090;
+/// The gRPC endpoint-picker port of the producer (the Gateway API Inference Extension default).
+pub const DEFAULT_EPP_PORT: i32 = 9002;
 
-/// Co-locate bursts of prefix-sharing requests on the inference pods this policy selects.
+/// What `kubectl explain burstprefixpolicy` says about the kind.
+const KIND_DESCRIPTION: &str = "A BurstPrefixPolicy co-locates bursts of prefix-sharing LLM \
+    requests on the inference pods it selects. For each policy the operator runs a producer \
+    (Deployment, Service and ConfigMap `<policy>-producer`) that collects the requests of a short \
+    window, groups the ones that share a prompt prefix and places each group on one replica. \
+    Clients ask it where a request goes (`POST /v1/produce`), send the request through it (the \
+    OpenAI-compatible proxy), or use it as an InferencePool's endpoint picker (gRPC ext_proc).";
+
+/// The inference pods whose prefix caches this policy fills, the planner settings, and the
+/// producer that serves the placements.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "burstprefix.io",
@@ -34,17 +55,20 @@ pub const DEFAULT_PRODUCER_IMAGE: &str = concat!(
     shortname = "bpp",
     status = "BurstPrefixPolicyStatus",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"why the policy is not Ready","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Endpoints","type":"integer","jsonPath":".status.endpoints"}"#,
     printcolumn = r#"{"name":"Window","type":"integer","description":"window duration in ms","jsonPath":".spec.windowDurationMs"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BurstPrefixPolicySpec {
-    /// The inference pods, in the policy's namespace. Exactly one of `selector` and `poolRef`.
+    /// The inference pods, by label, in the policy's namespace. Exactly one of `selector` and
+    /// `poolRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
-    /// An `InferencePool` (inference.networking.k8s.io/v1) whose `selector` and `targetPorts`
-    /// are used instead.
+    /// An InferencePool (inference.networking.k8s.io/v1) in the policy's namespace whose
+    /// `selector` and `targetPorts` are used instead of this policy's. The producer can then also
+    /// be that pool's endpoint picker (its `endpointPickerRef` names the producer Service).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_ref: Option<PoolRef>,
     /// The model-server ports of each pod (1 to 8); each is its own endpoint,
@@ -54,21 +78,23 @@ pub struct BurstPrefixPolicySpec {
     pub target_ports: Vec<TargetPort>,
     #[serde(flatten)]
     pub planner: PlannerConfig,
-    /// The producer Deployment the operator runs for this policy.
+    /// The producer the operator runs for this policy.
     #[serde(default)]
     pub producer: ProducerSpec,
 }
 
-/// A reference to an `InferencePool` in the policy's namespace.
+/// A reference to an InferencePool in the policy's namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PoolRef {
-    #[schemars(length(min = 1))]
+    /// The InferencePool's name.
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }
 
 /// A port, in the InferencePool v1 shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TargetPort {
+    /// The port number the model server listens on (1..65535).
     #[schemars(range(min = 1, max = 65535))]
     pub number: i32,
 }
@@ -77,29 +103,47 @@ pub struct TargetPort {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProducerSpec {
+    /// Producer pods (0..100). One is the default; with more, they elect a leader with the Lease
+    /// `<policy>-producer` and only the leader is Ready and serves (active-passive, so that a
+    /// burst stays in one window); a PodDisruptionBudget and a spread across nodes come with
+    /// them. 0 stops the producer.
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 100))]
     pub replicas: i32,
-    #[serde(default = "default_image")]
-    pub image: String,
+    /// The producer image. Leave it out to run the operator's (its `--producer-image`, which the
+    /// chart sets), so that upgrading the chart upgrades every producer; set it only to pin one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// CPU and memory of the producer container. Default: the operator's
+    /// `--producer-resources` (the chart's `producer.resources`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Node labels a producer pod must match (the pod's `nodeSelector`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Taints the producer pods tolerate (the pod's `tolerations`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
-    /// The API port (`/v1/produce`, `/v1/plan`).
+    /// The API port: `/v1/produce`, `/v1/plan`, `/v1/endpoints` and the OpenAI-compatible proxy
+    /// routes `/v1/completions`, `/v1/chat/completions` and `/v1/models`.
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
-    /// The admin port (`/healthz`, `/readyz`, `/metrics`).
+    /// The admin port: `/healthz`, `/readyz` and `/metrics`.
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub metrics_port: i32,
+    /// The gRPC endpoint-picker port (Envoy ext_proc, `appProtocol: kubernetes.io/h2c` on the
+    /// Service): what an InferencePool's `endpointPickerRef` points at.
+    #[serde(default = "default_epp_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub epp_port: i32,
+    /// The producer's log level: error, warn, info, debug or trace.
     #[serde(default = "default_log_level")]
     pub log_level: LogLevel,
 }
 
+/// A producer log level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
@@ -126,14 +170,14 @@ impl LogLevel {
 fn default_replicas() -> i32 {
     1
 }
-fn default_image() -> String {
-    DEFAULT_PRODUCER_IMAGE.to_string()
-}
 fn default_port() -> i32 {
-    8080
+    DEFAULT_PORT
 }
 fn default_metrics_port() -> i32 {
-    9090
+    DEFAULT_METRICS_PORT
+}
+fn default_epp_port() -> i32 {
+    DEFAULT_EPP_PORT
 }
 fn default_log_level() -> LogLevel {
     LogLevel::Info
@@ -143,12 +187,13 @@ impl Default for ProducerSpec {
     fn default() -> Self {
         ProducerSpec {
             replicas: default_replicas(),
-            image: default_image(),
+            image: None,
             resources: None,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             port: default_port(),
             metrics_port: default_metrics_port(),
+            epp_port: default_epp_port(),
             log_level: default_log_level(),
         }
     }
@@ -158,13 +203,16 @@ impl Default for ProducerSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BurstPrefixPolicyStatus {
+    /// The `metadata.generation` of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `ConfigValid`, `EndpointsDiscovered`, `ProducerAvailable`.
+    /// `Ready`, `ConfigValid`, `EndpointsDiscovered` and `ProducerAvailable`; a False one's
+    /// reason says why (`InvalidConfig`, `PoolAPIMissing`, `PoolNotFound`, `ApplyFailed`, ...)
+    /// and its message what to do.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-    /// Endpoints in the producer's config.
+    /// Endpoints (pod, port) in the producer's config.
     #[serde(default)]
     pub endpoints: i64,
     /// In-cluster URL of the producer's API.
@@ -172,46 +220,168 @@ pub struct BurstPrefixPolicyStatus {
     pub producer_url: Option<String>,
 }
 
+/// A CEL rule with its message, on the schema node named by its place in the CRD.
+struct CelRule {
+    rule: &'static str,
+    message: &'static str,
+}
+
 /// Rules across `spec` fields that the OpenAPI schema alone cannot say.
-const SPEC_RULES: &[(&str, &str)] = &[
-    (
-        "has(self.selector) != has(self.poolRef)",
-        "exactly one of selector and poolRef must be set",
-    ),
-    (
-        "has(self.poolRef) || (has(self.targetPorts) && size(self.targetPorts) >= 1)",
-        "targetPorts needs 1 to 8 ports when selector is used",
-    ),
+const SPEC_RULES: &[CelRule] = &[
+    CelRule {
+        rule: "has(self.selector) != has(self.poolRef)",
+        message: "exactly one of selector and poolRef must be set",
+    },
+    CelRule {
+        rule: "has(self.poolRef) || (has(self.targetPorts) && size(self.targetPorts) >= 1)",
+        message: "targetPorts needs 1 to 8 ports when selector is used",
+    },
 ];
 
-/// The CRD, with every config rule of [`RULES`] and [`SPEC_RULES`] as CEL on `spec`.
+/// Rules on `spec.producer` that the Deployment and Service would otherwise refuse later.
+const PRODUCER_RULES: &[CelRule] = &[
+    CelRule {
+        rule: "!has(self.image) || self.image.matches('^[^\\\\s]+$')",
+        message: "producer.image must be an image reference without spaces; leave it out to use \
+                  the operator's --producer-image",
+    },
+    CelRule {
+        rule: "self.port != self.metricsPort && self.port != self.eppPort && self.metricsPort != self.eppPort",
+        message: "producer.port, producer.metricsPort and producer.eppPort must be three \
+                  different ports",
+    },
+];
+
+/// Rules on each `spec.selector.matchExpressions[]`, as Kubernetes validates a label selector.
+const SELECTOR_REQUIREMENT_RULES: &[CelRule] = &[
+    CelRule {
+        rule: "self.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist']",
+        message: "selector.matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist",
+    },
+    CelRule {
+        rule: "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
+        message: "selector.matchExpressions[].values must not be empty for In and NotIn",
+    },
+    CelRule {
+        rule: "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
+        message: "selector.matchExpressions[].values must be empty for Exists and DoesNotExist",
+    },
+];
+
+/// k8s-openapi's description of a Quantity is four screens long; `kubectl explain` shows it
+/// under every resource.
+const QUANTITY_DESCRIPTION: &str =
+    "A quantity: a number with an optional suffix, e.g. 500m, 2, 512Mi or 4Gi.";
+
+/// The CRD, with every config rule of [`RULES`] as CEL on `spec` (and no second OpenAPI bound
+/// for the same rule), the rules above, and a description on every field.
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = BurstPrefixPolicy::crd();
-    let spec = crd
+    let root = crd
         .spec
         .versions
         .iter_mut()
         .filter_map(|v| v.schema.as_mut()?.open_api_v3_schema.as_mut())
-        .filter_map(|schema| schema.properties.as_mut()?.get_mut("spec"))
         .next()
-        .expect("the generated CRD has a spec schema");
-    let rules = RULES
-        .iter()
-        .map(|rule| ValidationRule {
+        .expect("the generated CRD has a schema");
+    root.description = Some(KIND_DESCRIPTION.to_string());
+    let spec = property(root, "spec").expect("the generated CRD has a spec schema");
+    let mut rules: Vec<ValidationRule> = Vec::new();
+    for rule in RULES {
+        // One message per broken rule: the CEL rule carries it, so the field loses the OpenAPI
+        // bounds generated from the same constants.
+        if let Some(field) = path(spec, rule.field) {
+            field.minimum = None;
+            field.maximum = None;
+        }
+        rules.push(ValidationRule {
             rule: rule.cel.to_string(),
             message: Some(rule.message()),
             field_path: Some(format!(".{}", rule.field)),
             reason: Some("FieldValueInvalid".to_string()),
             ..ValidationRule::default()
-        })
-        .chain(SPEC_RULES.iter().map(|(rule, message)| ValidationRule {
-            rule: rule.to_string(),
-            message: Some(message.to_string()),
-            reason: Some("FieldValueInvalid".to_string()),
-            ..ValidationRule::default()
-        }));
-    spec.x_kubernetes_validations = Some(rules.collect());
+        });
+    }
+    rules.extend(SPEC_RULES.iter().map(validation));
+    spec.x_kubernetes_validations = Some(rules);
+    let producer = property(spec, "producer").expect("spec.producer");
+    producer.x_kubernetes_validations = Some(PRODUCER_RULES.iter().map(validation).collect());
+    if let Some(image) = property(producer, "image") {
+        image.max_length = Some(1024);
+    }
+    let expressions = path(spec, "selector.matchExpressions").expect("spec.selector");
+    // Bounded, so that the API server's cost estimate of the CEL rules stays small.
+    expressions.max_items = Some(32);
+    if let Some(JSONSchemaPropsOrArray::Schema(requirement)) = expressions.items.as_mut() {
+        requirement.x_kubernetes_validations =
+            Some(SELECTOR_REQUIREMENT_RULES.iter().map(validation).collect());
+        if let Some(values) = property(requirement, "values") {
+            values.max_items = Some(256);
+        }
+    }
+    tidy_descriptions(root);
     crd
+}
+
+fn validation(rule: &CelRule) -> ValidationRule {
+    ValidationRule {
+        rule: rule.rule.to_string(),
+        message: Some(
+            rule.message
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        reason: Some("FieldValueInvalid".to_string()),
+        ..ValidationRule::default()
+    }
+}
+
+fn property<'a>(schema: &'a mut JSONSchemaProps, name: &str) -> Option<&'a mut JSONSchemaProps> {
+    schema.properties.as_mut()?.get_mut(name)
+}
+
+/// The schema of `a.b.c` below `schema`.
+fn path<'a>(schema: &'a mut JSONSchemaProps, dotted: &str) -> Option<&'a mut JSONSchemaProps> {
+    dotted
+        .split('.')
+        .try_fold(schema, |schema, name| property(schema, name))
+}
+
+/// Doc comments are wrapped at 100 columns; `kubectl explain` would break their sentences
+/// there. Lines are joined, paragraphs kept.
+fn tidy_descriptions(schema: &mut JSONSchemaProps) {
+    if let Some(description) = schema.description.as_mut() {
+        *description = if description.starts_with("Quantity is a fixed-point representation") {
+            QUANTITY_DESCRIPTION.to_string()
+        } else {
+            description
+                .split("\n\n")
+                .map(|paragraph| paragraph.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+                .join("\n\n")
+        };
+    }
+    for child in children(schema) {
+        tidy_descriptions(child);
+    }
+}
+
+/// The schemas directly below `schema`: properties, items, additional properties.
+fn children(schema: &mut JSONSchemaProps) -> Vec<&mut JSONSchemaProps> {
+    let mut children: Vec<&mut JSONSchemaProps> = Vec::new();
+    if let Some(properties) = schema.properties.as_mut() {
+        children.extend(properties.values_mut());
+    }
+    match schema.items.as_mut() {
+        Some(JSONSchemaPropsOrArray::Schema(item)) => children.push(item),
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => children.extend(items.iter_mut()),
+        None => {}
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(additional)) = schema.additional_properties.as_mut() {
+        children.push(additional);
+    }
+    children
 }
 
 /// The CRD as the YAML checked into `crds/` and the chart.
@@ -226,22 +396,22 @@ pub fn crd_yaml() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
 
-    fn spec_schema() -> JSONSchemaProps {
+    fn root_schema() -> JSONSchemaProps {
         crd().spec.versions[0]
             .schema
             .clone()
             .unwrap()
             .open_api_v3_schema
             .unwrap()
-            .properties
-            .unwrap()["spec"]
-            .clone()
+    }
+
+    fn spec_schema() -> JSONSchemaProps {
+        root_schema().properties.unwrap()["spec"].clone()
     }
 
     #[test]
-    fn spec_schema_has_flat_planner_fields_with_defaults_and_bounds() {
+    fn spec_schema_has_flat_planner_fields_with_defaults() {
         let spec = spec_schema();
         let properties = spec.properties.as_ref().unwrap();
         for field in [
@@ -260,16 +430,14 @@ mod tests {
             assert!(properties.contains_key(field), "spec.{field} missing");
         }
         let window = &properties["windowDurationMs"];
-        assert_eq!(window.minimum, Some(1.0));
-        assert_eq!(window.maximum, Some(10_000.0));
         assert_eq!(window.default.as_ref().unwrap().0, serde_json::json!(100));
         assert_eq!(properties["targetPorts"].max_items, Some(8));
     }
 
     #[test]
-    fn every_config_rule_is_cel_on_spec() {
+    fn every_config_rule_is_cel_on_spec_and_only_there() {
         let spec = spec_schema();
-        let rules = spec.x_kubernetes_validations.unwrap();
+        let rules = spec.x_kubernetes_validations.clone().unwrap();
         for rule in RULES {
             assert!(
                 rules
@@ -278,8 +446,66 @@ mod tests {
                 "{} missing",
                 rule.field
             );
+            // No second message from an OpenAPI bound on the same field.
+            let mut spec = spec.clone();
+            if let Some(field) = path(&mut spec, rule.field) {
+                assert_eq!(
+                    (field.minimum, field.maximum),
+                    (None, None),
+                    "{}",
+                    rule.field
+                );
+            }
         }
         assert_eq!(rules.len(), RULES.len() + SPEC_RULES.len());
+    }
+
+    #[test]
+    fn the_image_has_no_default_so_stored_policies_follow_the_operator() {
+        let mut spec = spec_schema();
+        let producer = property(&mut spec, "producer").unwrap();
+        let default = producer.default.as_ref().unwrap().0.clone();
+        assert!(default.get("image").is_none(), "{default}");
+        assert!(property(producer, "image").unwrap().default.is_none());
+        assert_eq!(default["eppPort"], 9002);
+    }
+
+    /// Every field `kubectl explain` shows has a description, in whole sentences on one line.
+    #[test]
+    fn every_field_is_described_without_broken_lines() {
+        fn walk(schema: &JSONSchemaProps, at: &str, missing: &mut Vec<String>) {
+            let mut schema = schema.clone();
+            if let Some(properties) = schema.properties.clone() {
+                for (name, property) in properties {
+                    let here = format!("{at}.{name}");
+                    match property.description.as_deref() {
+                        None | Some("") => missing.push(here.clone()),
+                        Some(text) if text.contains('\n') && !text.contains("\n\n") => {
+                            missing.push(format!("{here} (broken line)"))
+                        }
+                        Some(_) => {}
+                    }
+                    walk(&property, &here, missing);
+                }
+            }
+            for child in children(&mut schema) {
+                walk(child, &format!("{at}[]"), missing);
+            }
+        }
+        let root = root_schema();
+        assert!(root
+            .description
+            .as_deref()
+            .unwrap()
+            .starts_with("A BurstPrefixPolicy"));
+        let mut missing = Vec::new();
+        walk(&root, "", &mut missing);
+        // apiVersion, kind and metadata are described by Kubernetes itself.
+        missing.retain(|m| ![".apiVersion", ".kind", ".metadata"].contains(&m.as_str()));
+        assert!(
+            missing.is_empty(),
+            "fields without a description: {missing:?}"
+        );
     }
 
     #[test]
@@ -291,5 +517,6 @@ mod tests {
         .unwrap();
         assert_eq!(spec.planner, PlannerConfig::default());
         assert_eq!(spec.producer, ProducerSpec::default());
+        assert_eq!(spec.producer.image, None);
     }
 }

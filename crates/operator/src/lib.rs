@@ -1,14 +1,21 @@
-//! The burst-prefix operator. Reconcile is a pipeline: resolve (read the pods and the pool) →
-//! validate → build the desired objects ([`desired`], pure) → apply ([`apply`]) → status
-//! ([`status`], pure, written only when it changes). [`controller`] wires it to kube-runtime.
+//! The burst-prefix operator. Reconcile is a pipeline: validate ([`validate`], pure) → resolve
+//! and discover (read the pool and the pods) → build the desired objects ([`desired`], pure) →
+//! apply ([`apply`], dry run first) → status ([`status`], pure, written only when it changes).
+//! Every failure becomes a condition reason, a Kubernetes Event and a retry with exponential
+//! backoff per policy ([`backoff`]). [`controller`] wires it to kube-runtime.
+
+#![forbid(unsafe_code)]
 
 pub mod apply;
+pub mod backoff;
 pub mod controller;
 pub mod desired;
 pub mod endpoints;
 pub mod error;
 pub mod metrics;
+pub mod pool_api;
 pub mod status;
+pub mod validate;
 
-/// The one server-side-apply field manager of the operator.
+/// The one server-side-apply field manager of the operator, and its Event reporter name.
 pub const FIELD_MANAGER: &str = "burst-prefix-operator";

@@ -4,15 +4,24 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::http::StatusCode;
-use axum::routing::get;
-use axum::Router;
-use burst_prefix_operator::controller;
+use burst_prefix_api::policy::DEFAULT_PRODUCER_IMAGE;
+use burst_prefix_operator::backoff::RetryBackoff;
+use burst_prefix_operator::controller::{self, Context, Settings};
+use burst_prefix_operator::desired::{default_resources, ProducerDefaults};
 use burst_prefix_operator::metrics::Metrics;
-use clap::{Parser, Subcommand, ValueEnum};
+use burst_prefix_operator::pool_api::PoolApi;
+use burst_prefix_operator::validate::ImagePolicy;
+use burst_prefix_operator::FIELD_MANAGER;
+use burst_prefix_runtime::api_access::ApiAccess;
+use burst_prefix_runtime::leader::{LeaderArgs, Leadership};
+use burst_prefix_runtime::logging::{self, LogArgs, LogFormat};
+use burst_prefix_runtime::{admin, flags};
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
-use kube_lease_manager::LeaseManagerBuilder;
 use tracing::{error, info};
 
 #[derive(Parser)]
@@ -30,57 +39,69 @@ struct Cli {
 enum Command {
     /// Run the controller. The kubeconfig is found the usual way: KUBECONFIG, ~/.kube/config,
     /// or the in-cluster service account.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the BurstPrefixPolicy CRD as YAML (what crds/ and the chart hold).
     Crd,
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Serve /healthz and /metrics here.
+    /// Serve /healthz, /readyz and /metrics here.
     #[arg(
         long,
         env = "BURST_PREFIX_ADMIN_LISTEN",
         default_value = "0.0.0.0:8081"
     )]
     admin_listen: SocketAddr,
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "BURST_PREFIX_WATCH_NAMESPACE")]
-    watch_namespace: Option<String>,
-    /// Take a coordination.k8s.io Lease before reconciling, so that several replicas can run
-    /// with one active.
-    #[arg(long, env = "BURST_PREFIX_LEADER_ELECT")]
-    leader_elect: bool,
-    /// Name of the leader Lease.
+    /// Watch only these namespaces (repeat the flag or separate with commas; default: all
+    /// namespaces). One controller, with its own watches, runs per namespace.
     #[arg(
-        long,
-        env = "BURST_PREFIX_LEASE_NAME",
-        default_value = "burst-prefix-operator"
+        long = "watch-namespace",
+        env = "BURST_PREFIX_WATCH_NAMESPACES",
+        value_delimiter = ','
     )]
-    lease_name: String,
-    /// Namespace of the leader Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    lease_namespace: String,
-    /// How long a Lease holds without renewal; a follower takes over this long after the
-    /// leader is gone.
-    #[arg(long, env = "BURST_PREFIX_LEASE_DURATION_SECONDS", default_value_t = 15,
-          value_parser = clap::value_parser!(u64).range(2..=3600))]
-    lease_duration_seconds: u64,
-    /// This replica's identity in the Lease (default: the host name).
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
-    /// Log format.
-    #[arg(long, env = "BURST_PREFIX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
-    /// Log filter (tracing env-filter syntax), e.g. `info` or `burst_prefix_operator=debug`.
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
-    log_level: String,
+    watch_namespaces: Vec<String>,
+    /// Watch (and use as endpoints) only pods with these labels, e.g.
+    /// `app.kubernetes.io/component=model-server`: fewer pod events when the namespaces hold
+    /// many other pods. A policy's own selector still applies on top.
+    #[arg(long, env = "BURST_PREFIX_POD_SELECTOR")]
+    pod_selector: Option<String>,
+    /// The producer image of every policy that does not name its own (`spec.producer.image`).
+    /// Changing it (a chart upgrade) rolls every such producer.
+    #[arg(long, env = "BURST_PREFIX_PRODUCER_IMAGE", default_value = DEFAULT_PRODUCER_IMAGE)]
+    producer_image: String,
+    /// The producers' imagePullPolicy (default: Kubernetes' default for the tag).
+    #[arg(long, value_parser = ["Always", "IfNotPresent", "Never"])]
+    producer_image_pull_policy: Option<String>,
+    /// A Secret (in each policy's namespace) to pull the producer image with; repeatable.
+    #[arg(long = "producer-image-pull-secret")]
+    producer_image_pull_secrets: Vec<String>,
+    /// The producer container's resources when a policy sets none, as JSON, e.g.
+    /// '{"requests":{"cpu":"100m","memory":"64Mi"},"limits":{"memory":"512Mi"}}' (the default).
+    #[arg(long, value_parser = parse_resources)]
+    producer_resources: Option<ResourceRequirements>,
+    /// A policy's own `spec.producer.image` must start with one of these (repeatable); without
+    /// any, a policy may name any image. A policy that breaks it gets InvalidConfig.
+    #[arg(long = "allowed-producer-image-prefix")]
+    allowed_producer_image_prefixes: Vec<String>,
+    /// How often to look for the InferencePool API while it is not served.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pool_api_recheck_seconds: u64,
+    /// /readyz fails once the API server has refused the operator (401 Unauthorized, 403
+    /// Forbidden) for longer than this, e.g. after its ServiceAccount or RoleBinding was deleted.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    api_refusal_grace_seconds: u64,
+    /// A failing policy is retried after 1 s, then twice as long each time, up to this.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    retry_max_seconds: u64,
+    #[command(flatten)]
+    leader: LeaderArgs,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Json,
-    Text,
+fn parse_resources(json: &str) -> Result<ResourceRequirements, String> {
+    serde_json::from_str(json).map_err(|e| format!("not a ResourceRequirements JSON object: {e}"))
 }
 
 fn main() -> ExitCode {
@@ -91,9 +112,18 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run(args) => {
-            init_logs(args.log_format, &args.log_level);
-            let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
-            match runtime.block_on(run(args)) {
+            if let Err(message) = logging::init(&args.log) {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
                     error!("{message}");
@@ -104,100 +134,138 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logs(format: LogFormat, filter: &str) {
-    let builder = tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_new(filter)
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-    );
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
-}
-
 async fn run(args: RunArgs) -> Result<(), String> {
     let metrics = Metrics::default();
     let client = Client::try_default().await.map_err(|e| {
         format!("cannot reach Kubernetes (KUBECONFIG, ~/.kube/config or in-cluster): {e}")
     })?;
+    let access = Arc::new(ApiAccess::new(Duration::from_secs(
+        args.api_refusal_grace_seconds,
+    )));
+    let started = Arc::new(AtomicBool::new(false));
+    let readiness: admin::Readiness = {
+        let (started, access) = (started.clone(), access.clone());
+        Arc::new(move || {
+            if !started.load(Ordering::Relaxed) {
+                return Err("starting: the CRD was not found yet".into());
+            }
+            access.check()
+        })
+    };
     let listener = tokio::net::TcpListener::bind(args.admin_listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.admin_listen))?;
-    let admin_metrics = metrics.clone();
-    let ready = Arc::new(AtomicBool::new(false));
-    let readiness = ready.clone();
-    let admin = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        // Ready once the CRD was found and the watches are running (followers too).
-        .route(
-            "/readyz",
-            get(move || async move {
-                if readiness.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || async move { admin_metrics.render() }),
-        );
+        .map_err(|e| format!("cannot listen on --admin-listen {}: {e}", args.admin_listen))?;
     info!(address = %args.admin_listen, "admin endpoints /healthz, /readyz and /metrics");
-    tokio::spawn(async move { axum::serve(listener, admin).await });
+    let router = admin::router(readiness, metrics.registry.clone());
+    tokio::spawn(admin::serve(listener, router, std::future::pending()));
 
-    let controller = controller::run(
-        client.clone(),
-        metrics.clone(),
-        args.watch_namespace.clone(),
-        ready.clone(),
-    );
-    if !args.leader_elect {
-        return controller.await.map_err(|e| e.to_string());
-    }
-    let identity = args.identity.unwrap_or_else(|| {
-        std::env::var("HOSTNAME")
-            .unwrap_or_else(|_| format!("burst-prefix-operator-{}", std::process::id()))
-    });
-    let client_for_check = client.clone();
-    let manager = LeaseManagerBuilder::new(client, &args.lease_name)
-        .with_namespace(&args.lease_namespace)
-        .with_identity(&identity)
-        .with_duration(args.lease_duration_seconds)
-        // Renew well before expiry (the grace must be shorter than the duration).
-        .with_grace((args.lease_duration_seconds / 3).max(1))
-        .build()
-        .await
-        .map_err(|e| format!("cannot set up the leader lease: {e}"))?;
-    // A follower is ready too (it stands by); only the CRD must be there.
-    let policies = match &args.watch_namespace {
-        Some(ns) => kube::Api::namespaced(client_for_check.clone(), ns),
-        None => kube::Api::all(client_for_check.clone()),
+    // None: one controller over all namespaces.
+    let namespaces: Vec<Option<String>> = if args.watch_namespaces.is_empty() {
+        vec![None]
+    } else {
+        args.watch_namespaces.iter().cloned().map(Some).collect()
     };
-    controller::check_crd(&policies)
-        .await
-        .map_err(|e| e.to_string())?;
-    ready.store(true, Ordering::Relaxed);
-    let (mut leading, _lease_task) = manager.watch().await;
-    info!(lease = %format!("{}/{}", args.lease_namespace, args.lease_name), %identity, "waiting for the leader lease");
-    while !*leading.borrow_and_update() {
-        leading
-            .changed()
+    // A follower is ready too (it stands by); only the CRD must be there.
+    for namespace in &namespaces {
+        controller::check_crd(&client, namespace.as_deref())
             .await
-            .map_err(|_| "the lease manager stopped".to_string())?;
+            .map_err(|e| e.to_string())?;
     }
-    info!(%identity, "acquired the leader lease; reconciling");
-    metrics.leader.set(1);
-    tokio::select! {
-        result = controller => result.map_err(|e| e.to_string()),
-        _ = async {
-            while *leading.borrow_and_update() {
-                if leading.changed().await.is_err() { break; }
+    started.store(true, Ordering::Relaxed);
+
+    let identity = args.leader.identity_or("burst-prefix-operator");
+    let mut leadership = None;
+    if args.leader.leader_elect {
+        let name = args
+            .leader
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| "burst-prefix-operator".into());
+        let mut lease = Leadership::start(
+            client.clone(),
+            &name,
+            &args.leader.lease_namespace,
+            &identity,
+            Duration::from_secs(args.leader.lease_duration_seconds),
+        )
+        .await?;
+        info!(lease = %lease.lease, %identity, "waiting for the leader lease");
+        lease.acquired().await?;
+        info!(%identity, "acquired the leader lease; reconciling");
+        metrics.leader.set(1);
+        leadership = Some(lease);
+    }
+
+    let pool_api = Arc::new(PoolApi::new(Duration::from_secs(
+        args.pool_api_recheck_seconds,
+    )));
+    let present = pool_api.check(&client).await;
+    info!(pool_api_present = present, "InferencePool API");
+    tokio::spawn({
+        let (pool_api, client) = (pool_api.clone(), client.clone());
+        async move { pool_api.recheck_forever(client).await }
+    });
+    let settings = Settings {
+        producer: ProducerDefaults {
+            image: args.producer_image.clone(),
+            image_pull_policy: args.producer_image_pull_policy.clone(),
+            image_pull_secrets: args.producer_image_pull_secrets.clone(),
+            resources: args
+                .producer_resources
+                .clone()
+                .unwrap_or_else(default_resources),
+            log_format: LogFormat::Json,
+        },
+        images: ImagePolicy {
+            allowed_prefixes: args.allowed_producer_image_prefixes.clone(),
+        },
+        pod_selector: args.pod_selector.clone().filter(|s| !s.is_empty()),
+        resync: Duration::from_secs(300),
+    };
+    info!(producer_image = %settings.producer.image, namespaces = ?args.watch_namespaces, "reconciling");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let context = Arc::new(Context::new(
+        client,
+        metrics.clone(),
+        recorder,
+        settings,
+        RetryBackoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(args.retry_max_seconds),
+        ),
+        pool_api,
+        access,
+    ));
+    let controllers = futures::future::join_all(
+        namespaces
+            .into_iter()
+            .map(|namespace| controller::run(context.clone(), namespace)),
+    );
+    match leadership {
+        None => {
+            for result in controllers.await {
+                result.map_err(|e| e.to_string())?;
             }
-        } => {
-            metrics.leader.set(0);
-            // Exit so that the pod restarts as a follower: no reconcile runs without the lease.
-            Err("lost the leader lease; exiting".to_string())
+            Ok(())
         }
+        Some(mut lease) => tokio::select! {
+            results = controllers => {
+                for result in results {
+                    result.map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }
+            _ = lease.lost() => {
+                metrics.leader.set(0);
+                // Exit so that the pod restarts as a follower: no reconcile runs without the lease.
+                Err(format!("lost the leader lease {} (--{}); exiting", lease.lease, flags::LEADER_ELECT))
+            }
+        },
     }
 }

@@ -1,29 +1,67 @@
-//! Pure status: from what reconcile observed and applied to the policy's status. Transition
-//! times are kept while a condition holds, so an unchanged world gives an identical status and
-//! no write.
+//! Pure status: from what reconcile observed and applied to the policy's status. Each stage of
+//! the pipeline (config → endpoints → apply → producer) has a condition; a stage that failed
+//! says why in its reason and message, later stages say what they are waiting for, and `Ready`
+//! carries the first failure's reason. Transition times are kept while a condition holds, so an
+//! unchanged world gives an identical status and no write.
 
 use burst_prefix_api::policy::BurstPrefixPolicyStatus;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// What one reconcile found.
-#[derive(Clone, Debug, PartialEq)]
+/// Why a stage failed: the condition reason and a message that says what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What one reconcile found; `None` for a stage that was not reached.
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct Observed {
     pub generation: Option<i64>,
-    /// `Err` holds why the config was refused (field, value, rule).
-    pub config: Result<(), String>,
-    /// Endpoints written to the ConfigMap, or why none could be discovered.
-    pub endpoints: Result<usize, String>,
-    /// The producer Deployment as the API server returned it, if applied.
+    pub config: Option<Result<(), Problem>>,
+    /// Endpoints written to the ConfigMap.
+    pub endpoints: Option<Result<usize, Problem>>,
+    pub applied: Option<Result<(), Problem>>,
+    /// The producer Deployment as the API server returned it (applied now, or as it stands).
     pub deployment: Option<Deployment>,
-    pub producer_url: String,
+    pub producer_url: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    True,
+    False,
+    Unknown,
 }
 
 struct Verdict {
     type_: &'static str,
-    ok: bool,
+    state: State,
     reason: &'static str,
     message: String,
+    /// A failure of the pipeline (as opposed to waiting for pods or the Deployment): `Ready`
+    /// names a failure before anything it waits for.
+    failed: bool,
+}
+
+impl Verdict {
+    fn new(type_: &'static str, state: State, reason: &'static str, message: String) -> Self {
+        Verdict {
+            type_,
+            state,
+            reason,
+            message,
+            failed: false,
+        }
+    }
+
+    fn failure(type_: &'static str, problem: &Problem, message: String) -> Self {
+        Verdict {
+            failed: true,
+            ..Verdict::new(type_, State::False, problem.reason, message)
+        }
+    }
 }
 
 /// The status for `observed`, keeping `previous` transition times of unchanged conditions.
@@ -33,101 +71,145 @@ pub fn status(
     now: Time,
 ) -> BurstPrefixPolicyStatus {
     let config = match &observed.config {
-        Ok(()) => Verdict {
-            type_: "ConfigValid",
-            ok: true,
-            reason: "Valid",
-            message: "the config passed validation".into(),
-        },
-        Err(problem) => Verdict {
-            type_: "ConfigValid",
-            ok: false,
-            reason: "InvalidConfig",
-            message: format!("{problem}; the producer keeps its last good config"),
-        },
+        Some(Ok(())) => Verdict::new(
+            "ConfigValid",
+            State::True,
+            "Valid",
+            "the config passed validation".into(),
+        ),
+        Some(Err(problem)) => Verdict::new(
+            "ConfigValid",
+            State::False,
+            problem.reason,
+            format!(
+                "{}; the producer keeps its last good config",
+                problem.message
+            ),
+        ),
+        None => Verdict::new(
+            "ConfigValid",
+            State::Unknown,
+            "NotChecked",
+            "not checked yet".into(),
+        ),
     };
     let endpoints = match &observed.endpoints {
-        Ok(0) => Verdict {
-            type_: "EndpointsDiscovered",
-            ok: false,
-            reason: "NoReadyPods",
-            message: "no selected pod is Ready with an IP".into(),
-        },
-        Ok(n) => Verdict {
-            type_: "EndpointsDiscovered",
-            ok: true,
-            reason: "Discovered",
-            message: format!("{n} endpoints from ready pods"),
-        },
-        Err(problem) => Verdict {
-            type_: "EndpointsDiscovered",
-            ok: false,
-            reason: "DiscoveryFailed",
-            message: problem.clone(),
-        },
+        Some(Ok(0)) => Verdict::new(
+            "EndpointsDiscovered",
+            State::False,
+            "NoReadyPods",
+            "no selected pod is Ready with an IP".into(),
+        ),
+        Some(Ok(n)) => Verdict::new(
+            "EndpointsDiscovered",
+            State::True,
+            "Discovered",
+            format!("{n} endpoints from ready pods"),
+        ),
+        Some(Err(problem)) => Verdict::failure(
+            "EndpointsDiscovered",
+            problem,
+            format!("{}; the producer keeps its last endpoints", problem.message),
+        ),
+        None => Verdict::new(
+            "EndpointsDiscovered",
+            State::Unknown,
+            "WaitingForValidConfig",
+            "endpoints are discovered once the config is valid".into(),
+        ),
     };
-    let producer = producer_verdict(observed.deployment.as_ref());
-    let ready = if config.ok && endpoints.ok && producer.ok {
-        Verdict {
-            type_: "Ready",
-            ok: true,
-            reason: "Ready",
-            message: format!("producer serving at {}", observed.producer_url),
+    let producer = match &observed.applied {
+        Some(Err(problem)) => Verdict::failure(
+            "ProducerAvailable",
+            problem,
+            format!(
+                "{}; the producer keeps running what it had",
+                problem.message
+            ),
+        ),
+        _ => producer_verdict(observed.deployment.as_ref()),
+    };
+    let stages = [&config, &endpoints, &producer];
+    let first_false = stages
+        .iter()
+        .find(|v| v.state == State::False && v.failed)
+        .or_else(|| stages.iter().find(|v| v.state == State::False));
+    let ready = match first_false {
+        None if [&config, &endpoints, &producer]
+            .iter()
+            .all(|v| v.state == State::True) =>
+        {
+            Verdict::new(
+                "Ready",
+                State::True,
+                "Ready",
+                format!(
+                    "producer serving at {}",
+                    observed.producer_url.as_deref().unwrap_or("?")
+                ),
+            )
         }
-    } else {
-        let first = [&config, &endpoints, &producer]
-            .into_iter()
-            .find(|v| !v.ok)
-            .expect("one verdict failed");
-        Verdict {
-            type_: "Ready",
-            ok: false,
-            reason: first.reason,
-            message: format!("{}: {}", first.type_, first.message),
-        }
+        None => Verdict::new(
+            "Ready",
+            State::Unknown,
+            "Reconciling",
+            "not every stage was checked yet".into(),
+        ),
+        Some(first) => Verdict::new(
+            "Ready",
+            State::False,
+            first.reason,
+            format!("{}: {}", first.type_, first.message),
+        ),
     };
     let conditions = [ready, config, endpoints, producer]
         .into_iter()
         .map(|verdict| condition(verdict, observed.generation, previous, &now))
         .collect();
+    let endpoints = match &observed.endpoints {
+        Some(Ok(n)) => *n as i64,
+        // The ConfigMap still holds the last endpoints written.
+        _ => previous.map(|p| p.endpoints).unwrap_or(0),
+    };
     BurstPrefixPolicyStatus {
         observed_generation: observed.generation,
         conditions,
-        endpoints: *observed.endpoints.as_ref().unwrap_or(&0) as i64,
-        producer_url: Some(observed.producer_url.clone()),
+        endpoints,
+        producer_url: observed.producer_url.clone(),
     }
 }
 
 fn producer_verdict(deployment: Option<&Deployment>) -> Verdict {
-    let verdict = |ok, reason, message: String| Verdict {
-        type_: "ProducerAvailable",
-        ok,
-        reason,
-        message,
-    };
+    let verdict =
+        |state, reason, message: String| Verdict::new("ProducerAvailable", state, reason, message);
     let Some(deployment) = deployment else {
         return verdict(
-            false,
+            State::False,
             "NotApplied",
-            "the producer Deployment was not applied".into(),
+            "the producer is applied once the config is valid and endpoints are discovered".into(),
         );
     };
     let status = deployment.status.clone().unwrap_or_default();
     let available = status.available_replicas.unwrap_or(0);
     let wanted = deployment.spec.replicas.unwrap_or(1);
     if available >= 1 {
+        // With several replicas only the leader is Ready (SPEC §10): one is the goal.
         verdict(
-            true,
+            State::True,
             "Available",
-            format!("{available}/{wanted} producer replicas available"),
+            format!("{available} of {wanted} producer replicas Ready"),
         )
     } else if wanted == 0 {
-        verdict(false, "ScaledToZero", "spec.producer.replicas is 0".into())
+        verdict(
+            State::False,
+            "ScaledToZero",
+            "spec.producer.replicas is 0".into(),
+        )
     } else {
         verdict(
-            false,
+            State::False,
             "Unavailable",
-            format!("0/{wanted} producer replicas available"),
+            format!("0 of {wanted} producer replicas Ready"),
         )
     }
 }
@@ -138,7 +220,11 @@ fn condition(
     previous: Option<&BurstPrefixPolicyStatus>,
     now: &Time,
 ) -> Condition {
-    let status = if verdict.ok { "True" } else { "False" };
+    let status = match verdict.state {
+        State::True => "True",
+        State::False => "False",
+        State::Unknown => "Unknown",
+    };
     let last_transition_time = previous
         .and_then(|p| p.conditions.iter().find(|c| c.type_ == verdict.type_))
         .filter(|c| c.status == status)
@@ -152,6 +238,15 @@ fn condition(
         observed_generation: generation,
         last_transition_time,
     }
+}
+
+/// Whether `status` says Ready=True.
+pub fn is_ready(status: Option<&BurstPrefixPolicyStatus>) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
 }
 
 #[cfg(test)]
@@ -174,15 +269,23 @@ mod tests {
     fn observed() -> Observed {
         Observed {
             generation: Some(3),
-            config: Ok(()),
-            endpoints: Ok(3),
+            config: Some(Ok(())),
+            endpoints: Some(Ok(3)),
+            applied: Some(Ok(())),
             deployment: Some(available_deployment(1)),
-            producer_url: "http://rl-producer.ml.svc:8080".into(),
+            producer_url: Some("http://rl-producer.ml.svc:8080".into()),
         }
     }
 
     fn get<'a>(status: &'a BurstPrefixPolicyStatus, type_: &str) -> &'a Condition {
         status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    fn problem(reason: &'static str, message: &str) -> Problem {
+        Problem {
+            reason,
+            message: message.into(),
+        }
     }
 
     #[test]
@@ -198,12 +301,19 @@ mod tests {
         ] {
             assert_eq!(get(&status, type_).status, "True", "{type_}");
         }
+        assert!(is_ready(Some(&status)));
     }
 
     #[test]
-    fn invalid_config_is_not_ready_with_reason() {
+    fn invalid_config_is_not_ready_and_later_stages_wait() {
         let observed = Observed {
-            config: Err("maxPerReplica is 0, but must be -1 (unlimited) or >= 1".into()),
+            config: Some(Err(problem(
+                "InvalidConfig",
+                "maxPerReplica is 0, but must be -1 (unlimited) or >= 1",
+            ))),
+            endpoints: None,
+            applied: None,
+            deployment: None,
             ..observed()
         };
         let status = status(&observed, None, time(1));
@@ -212,12 +322,71 @@ mod tests {
         assert!(get(&status, "ConfigValid")
             .message
             .contains("maxPerReplica is 0"));
+        assert_eq!(get(&status, "EndpointsDiscovered").status, "Unknown");
+        assert!(!is_ready(Some(&status)));
+    }
+
+    #[test]
+    fn each_failure_has_its_reason_on_its_condition_and_on_ready() {
+        let cases = [
+            (
+                Observed {
+                    endpoints: Some(Err(problem("PoolAPIMissing", "install the CRDs"))),
+                    applied: None,
+                    ..observed()
+                },
+                "EndpointsDiscovered",
+                "PoolAPIMissing",
+            ),
+            (
+                Observed {
+                    endpoints: Some(Err(problem("PoolNotFound", "InferencePool ml/p not found"))),
+                    applied: None,
+                    ..observed()
+                },
+                "EndpointsDiscovered",
+                "PoolNotFound",
+            ),
+            (
+                Observed {
+                    applied: Some(Err(problem(
+                        "ApplyFailed",
+                        "Deployment ml/rl-producer: 422",
+                    ))),
+                    ..observed()
+                },
+                "ProducerAvailable",
+                "ApplyFailed",
+            ),
+        ];
+        for (observed, type_, reason) in cases {
+            let status = status(&observed, None, time(1));
+            assert_eq!(get(&status, type_).status, "False", "{reason}");
+            assert_eq!(get(&status, type_).reason, reason);
+            assert_eq!(get(&status, "Ready").reason, reason);
+            assert!(get(&status, "Ready").message.starts_with(type_));
+        }
+    }
+
+    #[test]
+    fn ready_names_a_failure_before_what_it_waits_for() {
+        let observed = Observed {
+            endpoints: Some(Ok(0)),
+            applied: Some(Err(problem(
+                "ApplyFailed",
+                "Deployment ml/rl-producer: 422",
+            ))),
+            ..observed()
+        };
+        let status = status(&observed, None, time(1));
+        assert_eq!(get(&status, "EndpointsDiscovered").reason, "NoReadyPods");
+        assert_eq!(get(&status, "Ready").reason, "ApplyFailed");
     }
 
     #[test]
     fn no_endpoints_and_unavailable_producer_are_reported() {
         let observed = Observed {
-            endpoints: Ok(0),
+            endpoints: Some(Ok(0)),
             deployment: Some(available_deployment(0)),
             ..observed()
         };
@@ -228,13 +397,24 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_discovery_keeps_the_last_endpoint_count() {
+        let first = status(&observed(), None, time(1));
+        let failed = Observed {
+            endpoints: Some(Err(problem("DiscoveryFailed", "500"))),
+            applied: None,
+            ..observed()
+        };
+        assert_eq!(status(&failed, Some(&first), time(2)).endpoints, 3);
+    }
+
+    #[test]
     fn unchanged_world_gives_identical_status() {
         let first = status(&observed(), None, time(1));
         let second = status(&observed(), Some(&first), time(9));
         assert_eq!(first, second);
         let changed = status(
             &Observed {
-                endpoints: Ok(0),
+                endpoints: Some(Ok(0)),
                 ..observed()
             },
             Some(&first),

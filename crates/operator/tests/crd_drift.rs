@@ -16,7 +16,7 @@ fn checked_in_crd_matches_the_code() {
     let generated = burst_prefix_api::policy::crd_yaml();
     for copy in [
         "crds/burstprefixpolicies.yaml",
-        "charts/burst-prefix/crds/burstprefixpolicies.yaml",
+        "charts/burst-prefix/files/crds/burstprefixpolicies.yaml",
     ] {
         assert!(
             repo_file(copy) == generated,

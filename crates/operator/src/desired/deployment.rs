@@ -1,0 +1,340 @@
+//! The producer Deployment: the producer serving the policy's ConfigMap, hardened (non-root,
+//! read-only root filesystem, no capabilities, seccomp RuntimeDefault), with probes on its admin
+//! port. With more than one replica the pods elect a leader (only the leader is Ready), so a
+//! rolling update would wait forever for a new pod to become Ready while the old leader holds
+//! the Lease (gateway-api-inference-extension#1619): the strategy is then `Recreate`, and the
+//! replicas spread across nodes.
+
+use burst_prefix_api::policy::BurstPrefixPolicy;
+use burst_prefix_runtime::flags::{POD_NAMESPACE_ENV, POD_NAME_ENV};
+use burst_prefix_runtime::producer::{LeaseRef, ProducerCommand};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, SecurityContext, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+use super::service::{EPP, HTTP, METRICS};
+use super::{child_name, highly_available, labels, metadata, selector_labels, ProducerDefaults};
+
+/// The distroless nonroot user of the producer image.
+const NONROOT_UID: i64 = 65532;
+
+pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deployment {
+    let ha = highly_available(policy);
+    let selector = LabelSelector {
+        match_labels: Some(selector_labels(policy)),
+        ..LabelSelector::default()
+    };
+    let strategy = if ha {
+        DeploymentStrategy {
+            type_: Some("Recreate".into()),
+            rolling_update: None,
+        }
+    } else {
+        // Spelled out, so that a later switch to Recreate drops these fields (server-side apply
+        // removes what this manager stops setting; defaulted fields nobody owns would stay and
+        // make the API server refuse Recreate).
+        DeploymentStrategy {
+            type_: Some("RollingUpdate".into()),
+            rolling_update: Some(RollingUpdateDeployment {
+                max_surge: Some(IntOrString::String("25%".into())),
+                max_unavailable: Some(IntOrString::String("25%".into())),
+            }),
+        }
+    };
+    let producer = &policy.spec.producer;
+    let pod = PodSpec {
+        service_account_name: Some(child_name(policy)),
+        automount_service_account_token: Some(true),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(runtime_default()),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![container(policy, defaults)],
+        image_pull_secrets: (!defaults.image_pull_secrets.is_empty()).then(|| {
+            defaults
+                .image_pull_secrets
+                .iter()
+                .map(|name| LocalObjectReference { name: name.clone() })
+                .collect()
+        }),
+        node_selector: (!producer.node_selector.is_empty()).then(|| producer.node_selector.clone()),
+        tolerations: (!producer.tolerations.is_empty()).then(|| producer.tolerations.clone()),
+        topology_spread_constraints: ha.then(|| {
+            vec![TopologySpreadConstraint {
+                max_skew: 1,
+                topology_key: "kubernetes.io/hostname".into(),
+                // A single-node cluster still runs every replica.
+                when_unsatisfiable: "ScheduleAnyway".into(),
+                label_selector: Some(selector.clone()),
+                ..TopologySpreadConstraint::default()
+            }]
+        }),
+        ..PodSpec::default()
+    };
+    Deployment {
+        metadata: metadata(policy),
+        spec: DeploymentSpec {
+            replicas: Some(producer.replicas),
+            selector,
+            strategy: Some(strategy),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(policy)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..DeploymentSpec::default()
+        },
+        status: None,
+    }
+}
+
+/// The producer's command line: its ConfigMap, its three listeners and, with more than one
+/// replica, its Lease (identity: the pod name, from the downward API).
+pub fn command(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> ProducerCommand {
+    let producer = &policy.spec.producer;
+    let name = child_name(policy);
+    let namespace = policy.namespace().unwrap_or_default();
+    // The CRD schema bounds every port to 1..65535 (and the operator checks it again).
+    let port = |number: i32| u16::try_from(number).unwrap_or_default();
+    ProducerCommand {
+        configmap: format!("{namespace}/{name}"),
+        port: port(producer.port),
+        admin_port: port(producer.metrics_port),
+        epp_port: port(producer.epp_port),
+        log_format: defaults.log_format,
+        log_level: producer.log_level.as_str().to_string(),
+        lease: highly_available(policy).then(|| LeaseRef {
+            name: name.clone(),
+            namespace: namespace.clone(),
+        }),
+    }
+}
+
+fn container(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Container {
+    let producer = &policy.spec.producer;
+    let port = |name: &str, number: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port: number,
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    };
+    let probe = |path: &str, period: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String(METRICS.into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        ..Probe::default()
+    };
+    let downward = |name: &str, field: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
+    Container {
+        name: "producer".into(),
+        image: Some(
+            producer
+                .image
+                .clone()
+                .unwrap_or_else(|| defaults.image.clone()),
+        ),
+        image_pull_policy: defaults.image_pull_policy.clone(),
+        args: Some(command(policy, defaults).args()),
+        env: Some(vec![
+            downward(POD_NAME_ENV, "metadata.name"),
+            downward(POD_NAMESPACE_ENV, "metadata.namespace"),
+        ]),
+        ports: Some(vec![
+            port(HTTP, producer.port),
+            port(EPP, producer.epp_port),
+            port(METRICS, producer.metrics_port),
+        ]),
+        liveness_probe: Some(probe("/healthz", 10)),
+        readiness_probe: Some(probe("/readyz", 5)),
+        resources: Some(
+            producer
+                .resources
+                .clone()
+                .unwrap_or_else(|| defaults.resources.clone()),
+        ),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(NONROOT_UID),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(runtime_default()),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..SeccompProfile::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::tests::{policy, policy_with};
+    use serde_json::json;
+
+    #[test]
+    fn runs_the_producer_hardened_on_its_configmap() {
+        let deployment = build(&policy(), &ProducerDefaults::default());
+        let spec = deployment.spec;
+        assert_eq!(
+            spec.strategy.unwrap().type_.as_deref(),
+            Some("RollingUpdate")
+        );
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("rl-producer"));
+        assert!(pod.topology_spread_constraints.is_none());
+        let container = &pod.containers[0];
+        let args = container.args.clone().unwrap().join(" ");
+        assert!(
+            args.starts_with("serve --configmap ml/rl-producer --listen 0.0.0.0:8081"),
+            "{args}"
+        );
+        assert!(args.contains("--epp-listen 0.0.0.0:9002"), "{args}");
+        assert!(!args.contains("--leader-elect"), "{args}");
+        let security = container.security_context.as_ref().unwrap();
+        assert_eq!(security.run_as_non_root, Some(true));
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        assert_eq!(
+            security.capabilities.as_ref().unwrap().drop,
+            Some(vec!["ALL".to_string()])
+        );
+        assert_eq!(
+            security.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault"
+        );
+        let path = |probe: &Option<Probe>| {
+            probe
+                .as_ref()
+                .unwrap()
+                .http_get
+                .as_ref()
+                .unwrap()
+                .path
+                .clone()
+        };
+        assert_eq!(path(&container.readiness_probe).as_deref(), Some("/readyz"));
+        assert_eq!(path(&container.liveness_probe).as_deref(), Some("/healthz"));
+        let ports: Vec<_> = container
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.name.clone().unwrap(), p.container_port))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("http".into(), 8081),
+                ("epp".into(), 9002),
+                ("metrics".into(), 9090)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_image_and_resources_come_from_the_operator_unless_the_policy_sets_them() {
+        let defaults = ProducerDefaults {
+            image: "mirror.local/burst-prefix-producer:1.2".into(),
+            image_pull_policy: Some("Always".into()),
+            image_pull_secrets: vec!["regcred".into()],
+            ..ProducerDefaults::default()
+        };
+        let pod = build(&policy(), &defaults).spec.template.spec.unwrap();
+        let container = &pod.containers[0];
+        assert_eq!(
+            container.image.as_deref(),
+            Some("mirror.local/burst-prefix-producer:1.2")
+        );
+        assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
+        assert_eq!(container.resources, Some(defaults.resources.clone()));
+        assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "regcred");
+
+        let own = policy_with(json!({
+            "image": "example.com/producer:pinned",
+            "resources": {"limits": {"memory": "1Gi"}},
+        }));
+        let container = build(&own, &defaults)
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .clone();
+        assert_eq!(
+            container.image.as_deref(),
+            Some("example.com/producer:pinned")
+        );
+        assert_eq!(
+            container.resources.unwrap().limits.unwrap()["memory"].0,
+            "1Gi"
+        );
+    }
+
+    #[test]
+    fn several_replicas_elect_a_leader_recreate_and_spread() {
+        let deployment = build(
+            &policy_with(json!({"replicas": 3})),
+            &ProducerDefaults::default(),
+        );
+        let spec = deployment.spec;
+        assert_eq!(spec.replicas, Some(3));
+        let strategy = spec.strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("Recreate"));
+        assert!(strategy.rolling_update.is_none());
+        let pod = spec.template.spec.unwrap();
+        let spread = &pod.topology_spread_constraints.unwrap()[0];
+        assert_eq!(spread.topology_key, "kubernetes.io/hostname");
+        let container = &pod.containers[0];
+        let args = container.args.clone().unwrap().join(" ");
+        assert!(
+            args.ends_with("--leader-elect --lease-name rl-producer --lease-namespace ml"),
+            "{args}"
+        );
+        let env = container.env.clone().unwrap();
+        let identity = env.iter().find(|e| e.name == "POD_NAME").unwrap();
+        assert_eq!(
+            identity
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            "metadata.name"
+        );
+    }
+}

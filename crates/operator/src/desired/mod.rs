@@ -1,0 +1,240 @@
+//! Pure builders: (policy, endpoints, the operator's producer defaults) → the objects the
+//! operator owns for that policy, each a typed k8s-openapi struct from its own small builder.
+//! Every child is named `<policy>-producer`, labelled with [`MANAGED_BY`] (the operator's child
+//! watches select on it) and owned by the policy (the garbage collector removes it with it).
+
+mod config_map;
+mod deployment;
+mod lease;
+mod pod_disruption_budget;
+mod role;
+mod role_binding;
+mod service;
+mod service_account;
+
+use std::collections::BTreeMap;
+
+use burst_prefix_api::policy::BurstPrefixPolicy;
+use burst_prefix_api::Endpoint;
+use burst_prefix_runtime::logging::LogFormat;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, ResourceRequirements, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+pub use burst_prefix_runtime::producer::CONFIG_KEY;
+
+/// `app.kubernetes.io/managed-by` of every child: what the child watches select.
+pub const MANAGED_BY: &str = "burst-prefix-operator";
+/// The label selector of the child watches.
+pub const CHILD_SELECTOR: &str = "app.kubernetes.io/managed-by=burst-prefix-operator";
+
+/// What the operator's flags say about producers a policy does not say itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProducerDefaults {
+    /// `--producer-image`.
+    pub image: String,
+    /// `--producer-image-pull-policy` (`None`: Kubernetes' default for the tag).
+    pub image_pull_policy: Option<String>,
+    /// `--producer-image-pull-secret`, repeated.
+    pub image_pull_secrets: Vec<String>,
+    /// `--producer-resources`, when the policy has none.
+    pub resources: ResourceRequirements,
+    /// The producers' log format.
+    pub log_format: LogFormat,
+}
+
+impl Default for ProducerDefaults {
+    fn default() -> Self {
+        ProducerDefaults {
+            image: burst_prefix_api::policy::DEFAULT_PRODUCER_IMAGE.to_string(),
+            image_pull_policy: None,
+            image_pull_secrets: Vec::new(),
+            resources: default_resources(),
+            log_format: LogFormat::Json,
+        }
+    }
+}
+
+/// 100m CPU and 64Mi requested, 512Mi memory limit: a window of 1,000 requests with their
+/// block hashes fits many times over.
+pub fn default_resources() -> ResourceRequirements {
+    let quantities = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect(),
+        )
+    };
+    ResourceRequirements {
+        requests: quantities(&[("cpu", "100m"), ("memory", "64Mi")]),
+        limits: quantities(&[("memory", "512Mi")]),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// Everything one policy owns, named `<policy>-producer`. The Lease and the
+/// PodDisruptionBudget exist only with more than one producer replica.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    pub config_map: ConfigMap,
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub lease: Option<Lease>,
+    pub service: Service,
+    pub pod_disruption_budget: Option<PodDisruptionBudget>,
+    pub deployment: Deployment,
+}
+
+/// The name of every child of `policy`, and of the producers' Lease.
+pub fn child_name(policy: &BurstPrefixPolicy) -> String {
+    format!("{}-producer", policy.name_any())
+}
+
+/// The producer's in-cluster API URL.
+pub fn producer_url(policy: &BurstPrefixPolicy) -> String {
+    format!(
+        "http://{}.{}.svc:{}",
+        child_name(policy),
+        policy.namespace().unwrap_or_default(),
+        policy.spec.producer.port
+    )
+}
+
+/// Whether the producers elect a leader (more than one replica).
+pub fn highly_available(policy: &BurstPrefixPolicy) -> bool {
+    policy.spec.producer.replicas > 1
+}
+
+/// Builds the children of a policy whose config is valid, for the given endpoints.
+pub fn desired(
+    policy: &BurstPrefixPolicy,
+    endpoints: Vec<Endpoint>,
+    defaults: &ProducerDefaults,
+) -> Desired {
+    Desired {
+        config_map: config_map::build(policy, endpoints),
+        service_account: service_account::build(policy),
+        role: role::build(policy),
+        role_binding: role_binding::build(policy),
+        lease: highly_available(policy).then(|| lease::build(policy)),
+        service: service::build(policy),
+        pod_disruption_budget: highly_available(policy)
+            .then(|| pod_disruption_budget::build(policy)),
+        deployment: deployment::build(policy, defaults),
+    }
+}
+
+/// The labels that select a policy's producer pods (the Deployment's immutable selector).
+pub fn selector_labels(policy: &BurstPrefixPolicy) -> BTreeMap<String, String> {
+    [
+        (
+            "app.kubernetes.io/name",
+            "burst-prefix-producer".to_string(),
+        ),
+        ("app.kubernetes.io/instance", policy.name_any()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The labels of every child and of the producer pods.
+pub fn labels(policy: &BurstPrefixPolicy) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(policy);
+    for (key, value) in [
+        ("app.kubernetes.io/managed-by", MANAGED_BY),
+        ("app.kubernetes.io/component", "producer"),
+        ("app.kubernetes.io/part-of", "burst-prefix"),
+    ] {
+        labels.insert(key.to_string(), value.to_string());
+    }
+    labels
+}
+
+/// Name, namespace, labels and the controller owner reference of a child.
+fn metadata(policy: &BurstPrefixPolicy) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(child_name(policy)),
+        namespace: policy.namespace(),
+        labels: Some(labels(policy)),
+        owner_references: Some(vec![policy
+            .controller_owner_ref(&())
+            .expect("a policy read from the API server has a name and uid")]),
+        ..ObjectMeta::default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use burst_prefix_api::policy::BurstPrefixPolicySpec;
+    use serde_json::json;
+
+    pub fn policy_with(producer: serde_json::Value) -> BurstPrefixPolicy {
+        let spec: BurstPrefixPolicySpec = serde_json::from_value(json!({
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "targetPorts": [{"number": 8000}],
+            "maxPerReplica": 4,
+            "producer": producer,
+        }))
+        .unwrap();
+        let mut policy = BurstPrefixPolicy::new("rl", spec);
+        policy.metadata.namespace = Some("ml".into());
+        policy.metadata.uid = Some("uid-1".into());
+        policy
+    }
+
+    pub fn policy() -> BurstPrefixPolicy {
+        policy_with(json!({"port": 8081}))
+    }
+
+    #[test]
+    fn every_child_is_named_labelled_and_owned_by_the_policy() {
+        let desired = desired(
+            &policy_with(json!({"replicas": 3})),
+            vec![],
+            &ProducerDefaults::default(),
+        );
+        let metas = [
+            &desired.config_map.metadata,
+            &desired.service_account.metadata,
+            &desired.role.metadata,
+            &desired.role_binding.metadata,
+            &desired.lease.as_ref().unwrap().metadata,
+            &desired.service.metadata,
+            &desired.pod_disruption_budget.as_ref().unwrap().metadata,
+            &desired.deployment.metadata,
+        ];
+        for meta in metas {
+            assert_eq!(meta.name.as_deref(), Some("rl-producer"));
+            assert_eq!(meta.namespace.as_deref(), Some("ml"));
+            let owner = &meta.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+                ("BurstPrefixPolicy", "rl", "uid-1")
+            );
+            assert_eq!(owner.controller, Some(true));
+            let labels = meta.labels.as_ref().unwrap();
+            assert_eq!(labels["app.kubernetes.io/managed-by"], MANAGED_BY);
+            assert_eq!(
+                CHILD_SELECTOR,
+                format!("app.kubernetes.io/managed-by={MANAGED_BY}")
+            );
+        }
+    }
+
+    #[test]
+    fn one_replica_has_no_lease_and_no_disruption_budget() {
+        let desired = desired(&policy(), vec![], &ProducerDefaults::default());
+        assert!(desired.lease.is_none());
+        assert!(desired.pod_disruption_budget.is_none());
+        assert_eq!(producer_url(&policy()), "http://rl-producer.ml.svc:8081");
+    }
+}
