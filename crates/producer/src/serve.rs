@@ -11,7 +11,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
-use clap::{ArgGroup, Args, ValueEnum};
+use burst_prefix_runtime::flags;
+use burst_prefix_runtime::leader::{LeaderArgs, Leadership};
+pub use burst_prefix_runtime::logging::{LogArgs, LogFormat};
+use clap::{ArgGroup, Args};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -27,16 +30,16 @@ use crate::{epp, http};
 pub struct ServeArgs {
     /// Address of the API: POST /v1/produce, POST /v1/plan, GET /v1/endpoints, and the
     /// OpenAI-compatible proxy: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
-    #[arg(long, env = "BURST_PREFIX_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long = flags::LISTEN, env = "BURST_PREFIX_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// Address of the endpoint picker for Gateway API Inference Extension gateways: Envoy's
     /// ext_proc gRPC service (h2c), and gRPC health for `liveness`, `readiness` and
     /// `envoy.service.ext_proc.v3.ExternalProcessor`.
-    #[arg(long, env = "BURST_PREFIX_EPP_LISTEN", default_value = "0.0.0.0:9002")]
+    #[arg(long = flags::EPP_LISTEN, env = "BURST_PREFIX_EPP_LISTEN", default_value = "0.0.0.0:9002")]
     pub epp_listen: SocketAddr,
     /// Address of the admin port: GET /healthz, GET /readyz, GET /metrics.
     #[arg(
-        long,
+        long = flags::ADMIN_LISTEN,
         env = "BURST_PREFIX_ADMIN_LISTEN",
         default_value = "0.0.0.0:9090"
     )]
@@ -49,7 +52,7 @@ pub struct ServeArgs {
     /// the usual way: KUBECONFIG, ~/.kube/config, or the in-cluster service account). Not ready
     /// until it holds a valid config with at least one endpoint.
     #[arg(
-        long,
+        long = flags::CONFIGMAP,
         env = "BURST_PREFIX_CONFIGMAP",
         value_name = "NAMESPACE/NAME",
         value_parser = configmap::parse_reference
@@ -78,6 +81,11 @@ pub struct ServeArgs {
     pub connections: ConnectionArgs,
     #[command(flatten)]
     pub proxy: ProxyArgs,
+    /// Several producer replicas of one policy elect a leader with a Lease (SPEC §10): only the
+    /// leader is ready and plans windows; followers keep their config current and take over
+    /// when the Lease lapses. The Lease must exist (the operator creates it).
+    #[command(flatten, next_help_heading = "High availability")]
+    pub leader: LeaderArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -182,41 +190,9 @@ impl ServeArgs {
     }
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct LogArgs {
-    /// Log format on stderr.
-    #[arg(long, env = "BURST_PREFIX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// Log filter: a level (error, warn, info, debug, trace) or tracing directives such as
-    /// `info,burst_prefix_producer=debug`.
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
-    pub log_level: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Structured logs on stderr.
-pub fn init_logging(args: &LogArgs) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .map_err(|e| format!("--log-level {:?}: {e}", args.log_level))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let result = match args.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    result.map_err(|e| format!("cannot set up logging: {e}"))
-}
-
 /// Runs `serve` to the end: exit 0 after a graceful shutdown, 2 when it cannot start.
 pub fn run(args: ServeArgs) -> ExitCode {
-    if let Err(message) = init_logging(&args.log) {
+    if let Err(message) = burst_prefix_runtime::logging::init(&args.log) {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
@@ -236,6 +212,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let source = args.source();
     let producer = Producer::new(source.describe(), args.limits());
     source.start(producer.store.clone()).await?;
+    // Held to the end: dropping it releases the Lease, so a follower takes over at once.
+    let leadership = match args.leader.leader_elect {
+        true => Some(elect(&producer, &args.leader).await?),
+        false => None,
+    };
     let listeners = vec![
         Listener::bind(
             Role::Api,
@@ -275,8 +256,57 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     service
         .shutdown(Duration::from_millis(args.shutdown_timeout_ms))
         .await;
+    drop(leadership);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts competing for the Lease; the producer follows until it leads, and leads until it
+/// loses the Lease.
+async fn elect(producer: &Producer, args: &LeaderArgs) -> Result<Leadership, String> {
+    let client = kube::Client::try_default().await.map_err(|e| {
+        format!(
+            "cannot reach the Kubernetes API for --{}: {e}",
+            flags::LEADER_ELECT
+        )
+    })?;
+    let name = args
+        .lease_name
+        .clone()
+        .unwrap_or_else(|| "burst-prefix-producer".to_string());
+    let identity = args.identity_or("burst-prefix-producer");
+    producer.set_leading(false);
+    let leadership = Leadership::start(
+        client,
+        &name,
+        &args.lease_namespace,
+        &identity,
+        Duration::from_secs(args.lease_duration_seconds),
+    )
+    .await?;
+    let mut leading = leadership.subscribe();
+    let producer = producer.clone();
+    let lease = leadership.lease.clone();
+    tokio::spawn(async move {
+        loop {
+            let now = *leading.borrow_and_update();
+            if now != producer.leading() {
+                producer.set_leading(now);
+                if now {
+                    tracing::info!(%lease, %identity, "leading: ready, planning windows");
+                } else {
+                    tracing::warn!(%lease, %identity, "following: not ready, refusing requests");
+                }
+            }
+            if leading.changed().await.is_err() {
+                producer.set_leading(false);
+                tracing::error!(%lease, "the Lease manager stopped; following from now on");
+                return;
+            }
+        }
+    });
+    tracing::info!(lease = %leadership.lease, identity = %leadership.identity, "competing for the Lease");
+    Ok(leadership)
 }
 
 /// Waits for SIGTERM or SIGINT.
@@ -429,6 +459,60 @@ impl Service {
                 timeout_ms = timeout.as_millis() as u64,
                 "connections still open at the shutdown timeout; exiting anyway"
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burst_prefix_runtime::producer::{LeaseRef, ProducerCommand};
+    use clap::{Parser, Subcommand};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(Subcommand)]
+    enum Command {
+        Serve(Box<ServeArgs>),
+    }
+
+    /// The contract with the operator: the producer accepts the command line it renders.
+    #[test]
+    fn the_operators_command_line_parses() {
+        let mut command = ProducerCommand {
+            configmap: "ml/rl-producer".into(),
+            port: 8080,
+            admin_port: 9090,
+            epp_port: 9002,
+            log_format: LogFormat::Json,
+            log_level: "info".into(),
+            lease: Some(LeaseRef {
+                name: "rl-producer".into(),
+                namespace: "ml".into(),
+            }),
+        };
+        for lease in [true, false] {
+            if !lease {
+                command.lease = None;
+            }
+            let args = std::iter::once("burst-prefix-producer".to_string()).chain(command.args());
+            let Command::Serve(serve) = Cli::try_parse_from(args)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .command;
+            assert_eq!(
+                serve.configmap,
+                Some(("ml".to_string(), "rl-producer".to_string()))
+            );
+            assert_eq!(serve.epp_listen.port(), 9002);
+            assert_eq!(serve.leader.leader_elect, lease);
+            if lease {
+                assert_eq!(serve.leader.lease_name.as_deref(), Some("rl-producer"));
+                assert_eq!(serve.leader.lease_namespace, "ml");
+            }
         }
     }
 }

@@ -22,7 +22,7 @@ use burst_prefix_producer::core::request::InferenceRequest;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::http::response::ProduceResponse;
 use burst_prefix_producer::proxy::ProxyConfig;
-use burst_prefix_producer::serve::{init_logging, LogArgs, LogFormat, Role, Service};
+use burst_prefix_producer::serve::{LogArgs, LogFormat, Role, Service};
 
 const MODEL: &str = "Qwen/Qwen2.5-Math-7B-Instruct";
 const PROMPTS: usize = 6;
@@ -182,7 +182,7 @@ pub fn run(args: DemoArgs) -> ExitCode {
         log_format: LogFormat::Text,
         log_level: args.log_level,
     };
-    if let Err(message) = init_logging(&log) {
+    if let Err(message) = burst_prefix_runtime::logging::init(&log) {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }

@@ -25,6 +25,11 @@ pub enum PlaceError {
     WindowFull { limit: usize, retry_after: Duration },
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// Another replica holds the Lease and plans the windows (SPEC §10).
+    #[error(
+        "this producer replica is a follower; the leader serves (retry: the Service routes to it)"
+    )]
+    NotLeader,
     /// The planning of the request's window was lost (logged where it happened).
     #[error("the window of this request was not planned")]
     Abandoned,
@@ -40,6 +45,7 @@ impl PlaceError {
             PlaceError::BatchFull { .. } => "batch_full",
             PlaceError::WindowFull { .. } => "window_full",
             PlaceError::ShuttingDown => "shutting_down",
+            PlaceError::NotLeader => "not_leader",
             PlaceError::Abandoned => "internal",
         }
     }
@@ -49,7 +55,9 @@ impl PlaceError {
         match self {
             PlaceError::BatchFull { retry_after, .. }
             | PlaceError::WindowFull { retry_after, .. } => Some(*retry_after),
-            PlaceError::NoEndpoints | PlaceError::ShuttingDown => Some(Duration::from_secs(1)),
+            PlaceError::NoEndpoints | PlaceError::ShuttingDown | PlaceError::NotLeader => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -120,6 +120,8 @@ pub struct Metrics {
     upstream_cooldowns: IntCounterVec,
     epp_served: IntCounterVec,
     epp_immediate: IntCounterVec,
+    /// 1 while this replica leads (always, without leader election), 0 as a follower.
+    pub leading: IntGauge,
 }
 
 impl Metrics {
@@ -247,6 +249,12 @@ impl Metrics {
             &["status"],
         )
         .unwrap();
+        let leading = IntGauge::new(
+            "burst_prefix_leader",
+            "1 while this producer replica leads (always without --leader-elect), 0 as a follower",
+        )
+        .unwrap();
+        leading.set(1);
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(window_size.clone()),
@@ -264,6 +272,7 @@ impl Metrics {
             Box::new(upstream_cooldowns.clone()),
             Box::new(epp_served.clone()),
             Box::new(epp_immediate.clone()),
+            Box::new(leading.clone()),
         ] {
             registry.register(collector).unwrap();
         }
@@ -303,6 +312,7 @@ impl Metrics {
             upstream_cooldowns,
             epp_served,
             epp_immediate,
+            leading,
         }
     }
 
@@ -359,6 +369,11 @@ impl Metrics {
     pub fn config_reload(&self, accepted: bool) {
         let result = if accepted { "accepted" } else { "rejected" };
         self.config_reloads.with_label_values(&[result]).inc();
+    }
+
+    /// The registry every metric is in (what `/metrics` serves).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// The Prometheus text exposition of every metric.

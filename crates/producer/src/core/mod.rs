@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod request;
 pub mod window;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use error::PlaceError;
@@ -72,6 +73,8 @@ pub struct Producer {
     pub live: Arc<LiveEndpoints>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Whether this replica leads (SPEC §10); true unless leader election says otherwise.
+    leading: Arc<AtomicBool>,
 }
 
 impl Producer {
@@ -86,18 +89,45 @@ impl Producer {
             metrics.clone(),
             limits.max_window_bytes,
         );
+        let leading = Arc::new(AtomicBool::new(true));
         Producer {
             store,
             window,
             live,
             metrics,
             limits,
+            leading,
         }
     }
 
-    /// Ready: a valid config with at least one endpoint is in force, and not shutting down.
+    /// Ready: a valid config with at least one endpoint is in force, this replica leads, and
+    /// it is not shutting down.
     pub fn ready(&self) -> bool {
-        self.store.ready() && !self.window.is_closed()
+        self.readiness().is_ok()
+    }
+
+    /// Why this producer is not ready, if it is not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.window.is_closed() {
+            Err("shutting down".into())
+        } else if !self.leading() {
+            Err("a follower: another replica holds the Lease and serves".into())
+        } else if !self.store.ready() {
+            Err("no valid config with at least one endpoint is loaded".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+
+    /// Leader election says whether this replica leads. A follower refuses requests
+    /// (`not_leader`) and keeps its config current.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Relaxed);
+        self.metrics.leading.set(i64::from(leading));
     }
 
     /// Parses the body, joins the open window and waits until it is planned. Refusals are
@@ -112,6 +142,10 @@ impl Producer {
     }
 
     async fn join_and_wait(&self, request: PlaceRequest<'_>) -> Result<Placement, PlaceError> {
+        if !self.leading() {
+            // Windows are the leader's: a follower that planned too would split bursts.
+            return Err(PlaceError::NotLeader);
+        }
         let ticket = {
             // The parsed request borrows the body; it is gone once the hashes are in the window.
             let parsed = InferenceRequest::parse(request.body)?;

@@ -46,9 +46,10 @@ pub fn place_status(error: &PlaceError) -> StatusCode {
         PlaceError::BatchFull { .. } | PlaceError::WindowFull { .. } => {
             StatusCode::TOO_MANY_REQUESTS
         }
-        PlaceError::NoEndpoints | PlaceError::NoEligibleEndpoint | PlaceError::ShuttingDown => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        PlaceError::NoEndpoints
+        | PlaceError::NoEligibleEndpoint
+        | PlaceError::ShuttingDown
+        | PlaceError::NotLeader => StatusCode::SERVICE_UNAVAILABLE,
         PlaceError::Abandoned => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -15,8 +15,8 @@ use kube::Api;
 
 use crate::core::config_store::ConfigStore;
 
-/// The key of the ConfigMap that holds the producer config.
-pub const CONFIG_KEY: &str = "config.yaml";
+/// The key of the ConfigMap that holds the producer config (the operator writes it).
+pub use burst_prefix_runtime::producer::CONFIG_KEY;
 
 /// `NAMESPACE/NAME`, as `--configmap` takes it.
 pub fn parse_reference(reference: &str) -> Result<(String, String), String> {
@@ -103,7 +103,9 @@ impl ConfigMapWatch {
 pub async fn watch(store: Arc<ConfigStore>, client: kube::Client, namespace: String, name: String) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut events = watcher::watcher(api, config)
+        .backoff(burst_prefix_runtime::backoff::watch_backoff())
+        .boxed();
     let mut state = ConfigMapWatch::new(store);
     while let Some(event) = events.next().await {
         match event {
