@@ -34,11 +34,37 @@ pub struct ProducerConfig {
 }
 
 impl ProducerConfig {
-    /// Parses YAML or JSON (JSON is YAML) and validates it.
+    /// Parses YAML or JSON (JSON is YAML) and validates it. A config is a mapping that names
+    /// `endpoints` (an empty list is valid: no pod is ready): an empty document, comments only,
+    /// a bare `---`, `{}`, a list or a scalar is refused, so that a truncated or mistaken file
+    /// never empties the replica set.
     pub fn from_yaml(text: &str) -> Result<Self, ProducerConfigError> {
-        let config: ProducerConfig =
+        let value: serde_yaml::Value =
             serde_yaml::from_str(text).map_err(|e| ProducerConfigError::Parse(e.to_string()))?;
+        let shape = match &value {
+            serde_yaml::Value::Mapping(_) => None,
+            serde_yaml::Value::Null => {
+                Some("an empty document (nothing, comments only, or a bare `---`)")
+            }
+            serde_yaml::Value::Sequence(_) => Some("a list"),
+            serde_yaml::Value::Tagged(_) => Some("a tagged value"),
+            _ => Some("a scalar"),
+        };
+        if let Some(shape) = shape {
+            return Err(ProducerConfigError::Parse(format!(
+                "expected a mapping with `endpoints`, got {shape}"
+            )));
+        }
+        let names_endpoints = value.get("endpoints").is_some();
+        let config: ProducerConfig =
+            serde_yaml::from_value(value).map_err(|e| ProducerConfigError::Parse(e.to_string()))?;
         config.validate()?;
+        if !names_endpoints {
+            return Err(ProducerConfigError::Parse(
+                "`endpoints` is missing (write `endpoints: []` for a config with no replica yet)"
+                    .into(),
+            ));
+        }
         Ok(config)
     }
 
@@ -164,6 +190,26 @@ endpoints:
         )
         .unwrap_err();
         assert!(err.to_string().contains("weight"), "{err}");
+    }
+
+    #[test]
+    fn only_a_mapping_that_names_endpoints_is_a_config() {
+        for (text, reason) in [
+            ("", "an empty document"),
+            ("# only a comment\n", "an empty document"),
+            ("---\n", "an empty document"),
+            ("- endpoints: []\n", "a list"),
+            ("42\n", "a scalar"),
+            ("{}", "`endpoints` is missing"),
+            ("windowDurationMs: 50\n", "`endpoints` is missing"),
+        ] {
+            let err = ProducerConfig::from_yaml(text).unwrap_err().to_string();
+            assert!(err.contains(reason), "{text:?}: {err}");
+        }
+        assert!(ProducerConfig::from_yaml("endpoints: []\n")
+            .unwrap()
+            .endpoints
+            .is_empty());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_producer::core::batch::{plan_input, PlanInput};
+use burst_prefix_producer::core::batch::{plan_input, PlanBounds, PlanInput};
 use burst_prefix_producer::core::request::InferenceRequest;
 use burst_prefix_producer::serve;
 use clap::{Parser, Subcommand};
@@ -113,6 +113,6 @@ fn hash(block_size_tokens: i64, max_prefix_tokens: i64) -> Result<String, String
 fn plan() -> Result<String, String> {
     let input = read_stdin()?;
     let input = PlanInput::parse(&input).map_err(|e| format!("invalid plan input: {e}"))?;
-    let output = plan_input(&input).map_err(|e| e.to_string())?;
+    let output = plan_input(&input, &PlanBounds::NONE).map_err(|e| e.to_string())?;
     serde_json::to_string(&output).map_err(|e| e.to_string())
 }

@@ -19,7 +19,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WINDOW_BYTES};
+use crate::core::{
+    Limits, Producer, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS, DEFAULT_MAX_WINDOW_BYTES,
+};
 use crate::listen::{self, ConnectionLimits};
 use crate::proxy::{self, ProxyConfig};
 use crate::sources::{configmap, Source};
@@ -58,6 +60,9 @@ pub struct ServeArgs {
         value_parser = configmap::parse_reference
     )]
     pub configmap: Option<(String, String)>,
+    /// A config (the file, or the ConfigMap key) larger than this many bytes is refused.
+    #[arg(long, env = "BURST_PREFIX_MAX_CONFIG_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_config_bytes: u64,
     /// How often --config FILE is checked for changes, in milliseconds.
     #[arg(long, env = "BURST_PREFIX_CONFIG_POLL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -69,6 +74,10 @@ pub struct ServeArgs {
     /// proxy keeps to forward; a request beyond gets 429 window_full with Retry-After.
     #[arg(long, env = "BURST_PREFIX_MAX_WINDOW_BYTES", default_value_t = DEFAULT_MAX_WINDOW_BYTES)]
     pub max_window_bytes: usize,
+    /// Most replicas a POST /v1/plan batch may name; beyond, 413 plan_too_large. (It takes at
+    /// most the config's maxBatchSize requests.)
+    #[arg(long, env = "BURST_PREFIX_MAX_PLAN_REPLICAS", default_value_t = DEFAULT_MAX_PLAN_REPLICAS)]
+    pub max_plan_replicas: usize,
     /// On SIGTERM or SIGINT, exit within this many milliseconds, whatever clients hold: stop
     /// accepting, answer the open window, close idle connections, wait for responses in flight.
     #[arg(
@@ -173,10 +182,12 @@ impl ServeArgs {
             (Some(path), _) => Source::File {
                 path: path.clone(),
                 poll: Duration::from_millis(self.config_poll_ms),
+                max_bytes: self.max_config_bytes,
             },
             (None, Some((namespace, name))) => Source::ConfigMap {
                 namespace: namespace.clone(),
                 name: name.clone(),
+                max_bytes: self.max_config_bytes,
             },
             (None, None) => unreachable!("clap requires --config or --configmap"),
         }
@@ -186,6 +197,7 @@ impl ServeArgs {
         Limits {
             max_body_bytes: self.max_body_bytes,
             max_window_bytes: self.max_window_bytes,
+            max_plan_replicas: self.max_plan_replicas,
         }
     }
 }
@@ -209,6 +221,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
+    raise_fd_limit();
     let source = args.source();
     let producer = Producer::new(source.describe(), args.limits());
     source.start(producer.store.clone()).await?;
@@ -307,6 +320,18 @@ async fn elect(producer: &Producer, args: &LeaderArgs) -> Result<Leadership, Str
     });
     tracing::info!(lease = %leadership.lease, identity = %leadership.identity, "competing for the Lease");
     Ok(leadership)
+}
+
+/// Every connection is an fd: raise the soft limit to the hard one, so that the connection
+/// caps, not the fd limit, are what bounds the service.
+fn raise_fd_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::info!(
+            open_files = limit,
+            "raised the open-file limit to its hard limit"
+        ),
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
+    }
 }
 
 /// Waits for SIGTERM or SIGINT.

@@ -138,11 +138,56 @@ pub enum PlanError {
     Request(#[from] RequestError),
     #[error("replicas: duplicate id {0:?}")]
     DuplicateReplica(String),
+    #[error("{field}: {count} is more than the limit of {limit} ({source_of_limit})")]
+    TooLarge {
+        field: &'static str,
+        count: usize,
+        limit: usize,
+        source_of_limit: &'static str,
+    },
+    /// The client went away or the producer is shutting down: the plan was abandoned.
+    #[error("the plan was abandoned: its client went away or the producer is shutting down")]
+    Abandoned,
+}
+
+/// How big a batch `plan_input` takes, and when it gives up.
+pub struct PlanBounds<'a> {
+    /// Most requests (the producer's `maxBatchSize`); `None`: unlimited.
+    pub max_requests: Option<usize>,
+    /// Most replicas (`--max-plan-replicas`).
+    pub max_replicas: usize,
+    /// Checked between requests while hashing and before placing: true abandons the plan.
+    pub cancelled: &'a dyn Fn() -> bool,
+}
+
+impl PlanBounds<'_> {
+    /// No bounds (the `plan` subcommand: the user's own machine).
+    pub const NONE: PlanBounds<'static> = PlanBounds {
+        max_requests: None,
+        max_replicas: usize::MAX,
+        cancelled: &|| false,
+    };
 }
 
 /// Validates, hashes and plans a whole batch.
-pub fn plan_input(input: &PlanInput<'_>) -> Result<PlanOutput, PlanError> {
+pub fn plan_input(input: &PlanInput<'_>, bounds: &PlanBounds<'_>) -> Result<PlanOutput, PlanError> {
     input.config.validate()?;
+    if let Some(limit) = bounds.max_requests.filter(|&l| input.requests.len() > l) {
+        return Err(PlanError::TooLarge {
+            field: "requests",
+            count: input.requests.len(),
+            limit,
+            source_of_limit: "the producer's maxBatchSize",
+        });
+    }
+    if input.replicas.len() > bounds.max_replicas {
+        return Err(PlanError::TooLarge {
+            field: "replicas",
+            count: input.replicas.len(),
+            limit: bounds.max_replicas,
+            source_of_limit: "--max-plan-replicas",
+        });
+    }
     let mut seen = std::collections::HashSet::new();
     for replica in &input.replicas {
         if !seen.insert(replica.id.as_str()) {
@@ -155,11 +200,17 @@ pub fn plan_input(input: &PlanInput<'_>) -> Result<PlanOutput, PlanError> {
         .iter()
         .enumerate()
         .map(|(i, request)| {
+            if (bounds.cancelled)() {
+                return Err(PlanError::Abandoned);
+            }
             InferenceRequest::parse(request.body.get().as_bytes())
                 .map(|parsed| HashedRequest::new(&parsed, spec))
-                .map_err(|e| e.within(&format!("requests[{i}].body")))
+                .map_err(|e| PlanError::Request(e.within(&format!("requests[{i}].body"))))
         })
         .collect::<Result<_, _>>()?;
+    if (bounds.cancelled)() {
+        return Err(PlanError::Abandoned);
+    }
     let replicas: Vec<Replica<'_>> = input
         .replicas
         .iter()
@@ -190,7 +241,7 @@ mod tests {
 
     fn plan(value: Value) -> Result<PlanOutput, PlanError> {
         let json = value.to_string();
-        plan_input(&PlanInput::parse(json.as_bytes())?)
+        plan_input(&PlanInput::parse(json.as_bytes())?, &PlanBounds::NONE)
     }
 
     #[test]
@@ -263,6 +314,33 @@ mod tests {
         let err =
             plan(json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []})).unwrap_err();
         assert_eq!(err.to_string(), "replicas: duplicate id \"a\"");
+        let input = json!({"replicas": [{"id": "a"}, {"id": "b"}], "requests": [
+            {"id": "r", "body": {"model": "m", "prompt": "x"}},
+            {"id": "s", "body": {"model": "m", "prompt": "y"}}]})
+        .to_string();
+        let input = PlanInput::parse(input.as_bytes()).unwrap();
+        let bounds =
+            |max_requests, max_replicas, cancelled: &'static dyn Fn() -> bool| PlanBounds {
+                max_requests,
+                max_replicas,
+                cancelled,
+            };
+        assert_eq!(
+            plan_input(&input, &bounds(Some(1), 10, &|| false))
+                .unwrap_err()
+                .to_string(),
+            "requests: 2 is more than the limit of 1 (the producer's maxBatchSize)"
+        );
+        assert_eq!(
+            plan_input(&input, &bounds(None, 1, &|| false))
+                .unwrap_err()
+                .to_string(),
+            "replicas: 2 is more than the limit of 1 (--max-plan-replicas)"
+        );
+        assert!(matches!(
+            plan_input(&input, &bounds(None, 10, &|| true)),
+            Err(PlanError::Abandoned)
+        ));
         let err = plan(json!({"replicas": [{"id": 1}], "requests": []})).unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -39,13 +39,19 @@ pub struct Limits {
     /// Most bytes the open window holds: its requests' hashes, and the bodies front-ends keep
     /// while their requests wait; beyond, `window_full`.
     pub max_window_bytes: usize,
+    /// Most replicas a `POST /v1/plan` batch may name.
+    pub max_plan_replicas: usize,
 }
+
+/// Default of `--max-plan-replicas`.
+pub const DEFAULT_MAX_PLAN_REPLICAS: usize = 10_000;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_window_bytes: DEFAULT_MAX_WINDOW_BYTES,
+            max_plan_replicas: DEFAULT_MAX_PLAN_REPLICAS,
         }
     }
 }

@@ -58,10 +58,13 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Place(error) => place_status(error),
+            ApiError::BodyTooLarge { .. } | ApiError::Plan(PlanError::TooLarge { .. }) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            ApiError::Plan(PlanError::Abandoned) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Plan(_) | ApiError::BodyUnreadable(_) | ApiError::BadQuery { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -74,6 +77,8 @@ impl ApiError {
             ApiError::Plan(PlanError::Request(error)) => error.code(),
             ApiError::Plan(PlanError::Config(_)) => "invalid_config",
             ApiError::Plan(PlanError::DuplicateReplica(_)) => "invalid_request",
+            ApiError::Plan(PlanError::TooLarge { .. }) => "plan_too_large",
+            ApiError::Plan(PlanError::Abandoned) => "abandoned",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::BodyUnreadable(_) => "invalid_body",
             ApiError::BadQuery { .. } => "invalid_query",

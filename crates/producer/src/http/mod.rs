@@ -23,7 +23,13 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::core::batch::{plan_input, PlanInput, PlanOutput};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use burst_prefix_api::PlannerConfig;
+use tokio::sync::Semaphore;
+
+use crate::core::batch::{plan_input, PlanBounds, PlanInput, PlanOutput};
 use crate::core::metrics::Outcome;
 use crate::core::request::Hints;
 use crate::core::{PlaceRequest, Producer};
@@ -146,15 +152,54 @@ async fn produce_inner(
     Ok(Json(ProduceResponse::new(&placement, shown)))
 }
 
+/// At most as many `/v1/plan` jobs run at once as there are cores; the windows' own planning
+/// never waits behind them (it has its own threads).
+fn plan_slots() -> &'static Semaphore {
+    static SLOTS: OnceLock<Semaphore> = OnceLock::new();
+    SLOTS
+        .get_or_init(|| Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())))
+}
+
+/// Set when the handler's future is dropped (the client went away, or the request timed
+/// out): the plan job stops at its next check.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 async fn plan(
     State(producer): State<Producer>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PlanOutput>, ApiError> {
     let body = body_bytes(&producer, body)?;
-    // A whole batch can take a while to parse and hash: off the async workers.
-    let output = tokio::task::spawn_blocking(move || plan_input(&PlanInput::parse(&body)?))
+    let _slot = plan_slots()
+        .acquire()
         .await
-        .map_err(|error| ApiError::Internal(format!("planning a batch failed: {error}")))??;
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let _cancel = CancelOnDrop(cancelled.clone());
+    let max_requests = producer
+        .store
+        .current()
+        .map_or(PlannerConfig::default().max_batch_size(), |s| {
+            s.settings.max_batch_size
+        });
+    let max_replicas = producer.limits.max_plan_replicas;
+    // A whole batch can take a while to parse and hash: off the async workers.
+    let output = tokio::task::spawn_blocking(move || {
+        let stop = || cancelled.load(Ordering::Relaxed) || producer.window.is_closed();
+        let bounds = PlanBounds {
+            max_requests,
+            max_replicas,
+            cancelled: &stop,
+        };
+        plan_input(&PlanInput::parse(&body)?, &bounds)
+    })
+    .await
+    .map_err(|error| ApiError::Internal(format!("planning a batch failed: {error}")))??;
     Ok(Json(output))
 }
 

@@ -31,27 +31,36 @@ pub fn parse_reference(reference: &str) -> Result<(String, String), String> {
 }
 
 /// The config text of the ConfigMap, or why there is none.
-pub fn config_text(configmap: &ConfigMap) -> Result<&str, String> {
-    configmap
+pub fn config_text(configmap: &ConfigMap, max_bytes: u64) -> Result<&str, String> {
+    let text = configmap
         .data
         .as_ref()
         .and_then(|data| data.get(CONFIG_KEY))
         .map(String::as_str)
-        .ok_or_else(|| format!("the ConfigMap has no data key {CONFIG_KEY:?}"))
+        .ok_or_else(|| format!("the ConfigMap has no data key {CONFIG_KEY:?}"))?;
+    if text.len() as u64 > max_bytes {
+        return Err(format!(
+            "key {CONFIG_KEY:?} has {} bytes, more than --max-config-bytes {max_bytes}",
+            text.len()
+        ));
+    }
+    Ok(text)
 }
 
 /// What the watch has seen, so that each change is applied (or rejected) once, even when a
 /// restarted watch lists the same object again.
 pub struct ConfigMapWatch {
     store: Arc<ConfigStore>,
+    max_bytes: u64,
     last: Option<Result<String, String>>,
     seen_in_listing: bool,
 }
 
 impl ConfigMapWatch {
-    pub fn new(store: Arc<ConfigStore>) -> Self {
+    pub fn new(store: Arc<ConfigStore>, max_bytes: u64) -> Self {
         ConfigMapWatch {
             store,
+            max_bytes,
             last: None,
             seen_in_listing: false,
         }
@@ -84,7 +93,7 @@ impl ConfigMapWatch {
     }
 
     fn update(&mut self, configmap: &ConfigMap) {
-        let text = config_text(configmap).map(str::to_string);
+        let text = config_text(configmap, self.max_bytes).map(str::to_string);
         if self.last.as_ref() == Some(&text) {
             return;
         }
@@ -100,13 +109,19 @@ impl ConfigMapWatch {
 }
 
 /// Watches the ConfigMap forever; errors are logged and the watch retries with backoff.
-pub async fn watch(store: Arc<ConfigStore>, client: kube::Client, namespace: String, name: String) {
+pub async fn watch(
+    store: Arc<ConfigStore>,
+    client: kube::Client,
+    namespace: String,
+    name: String,
+    max_bytes: u64,
+) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher::watcher(api, config)
         .backoff(burst_prefix_runtime::backoff::watch_backoff())
         .boxed();
-    let mut state = ConfigMapWatch::new(store);
+    let mut state = ConfigMapWatch::new(store, max_bytes);
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => state.handle(event),
@@ -156,7 +171,7 @@ mod tests {
             },
             metrics.clone(),
         ));
-        let mut watch = ConfigMapWatch::new(store.clone());
+        let mut watch = ConfigMapWatch::new(store.clone(), 1 << 20);
         let good = "endpoints:\n  - {id: ns/a-rank-0, address: '10.0.0.1:8000'}\n";
         let count = |result: &str, n: u32| {
             metrics.render().contains(&format!(

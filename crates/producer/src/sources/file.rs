@@ -9,9 +9,20 @@ use std::time::Duration;
 
 use crate::core::config_store::ConfigStore;
 
+/// Reads the file, refusing one larger than `max_bytes` before reading it.
+fn read(path: &Path, max_bytes: u64) -> std::io::Result<String> {
+    let size = std::fs::metadata(path)?.len();
+    if size > max_bytes {
+        return Err(std::io::Error::other(format!(
+            "the file has {size} bytes, more than --max-config-bytes {max_bytes}"
+        )));
+    }
+    std::fs::read_to_string(path)
+}
+
 /// Reads and applies the file once, at startup: a missing or invalid file is an error.
-pub fn load(store: &ConfigStore, path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
+pub fn load(store: &ConfigStore, path: &Path, max_bytes: u64) -> Result<String, String> {
+    let text = read(path, max_bytes)
         .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
     store
         .apply_text(&text)
@@ -57,14 +68,23 @@ impl FileWatch {
     }
 }
 
-/// Polls `path` forever.
-pub async fn watch(store: Arc<ConfigStore>, path: PathBuf, interval: Duration, applied: String) {
+/// Polls `path` forever; a file is parsed only when its bytes changed.
+pub async fn watch(
+    store: Arc<ConfigStore>,
+    path: PathBuf,
+    interval: Duration,
+    max_bytes: u64,
+    applied: String,
+) {
     let mut state = FileWatch::new(applied);
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let read = tokio::fs::read_to_string(&path).await;
+        let reading = path.clone();
+        let read = tokio::task::spawn_blocking(move || read(&reading, max_bytes))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         state.observe(&store, read);
     }
 }
@@ -89,7 +109,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.yaml");
         std::fs::write(&path, GOOD).unwrap();
-        let mut watch = FileWatch::new(load(&store, &path).unwrap());
+        let mut watch = FileWatch::new(load(&store, &path, 1 << 20).unwrap());
         let rejected = |n: u32| {
             metrics.render().contains(&format!(
                 "burst_prefix_config_reloads_total{{result=\"rejected\"}} {n}"
@@ -110,7 +130,11 @@ mod tests {
         assert!(rejected(2));
         assert_eq!(store.current().unwrap().config.endpoints[0].id, "b");
 
-        assert!(load(&store, &dir.path().join("missing.yaml"))
+        std::fs::write(dir.path().join("big.yaml"), "#".repeat(100)).unwrap();
+        assert!(load(&store, &dir.path().join("big.yaml"), 99)
+            .unwrap_err()
+            .contains("more than --max-config-bytes 99"));
+        assert!(load(&store, &dir.path().join("missing.yaml"), 1 << 20)
             .unwrap_err()
             .contains("cannot read config file"));
     }

@@ -14,9 +14,17 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     /// `--config FILE`, polled every `poll`.
-    File { path: PathBuf, poll: Duration },
+    File {
+        path: PathBuf,
+        poll: Duration,
+        max_bytes: u64,
+    },
     /// `--configmap NAMESPACE/NAME`.
-    ConfigMap { namespace: String, name: String },
+    ConfigMap {
+        namespace: String,
+        name: String,
+        max_bytes: u64,
+    },
 }
 
 impl Source {
@@ -26,7 +34,9 @@ impl Source {
             Source::File { path, .. } => ConfigSource::File {
                 path: path.display().to_string(),
             },
-            Source::ConfigMap { namespace, name } => ConfigSource::ConfigMap {
+            Source::ConfigMap {
+                namespace, name, ..
+            } => ConfigSource::ConfigMap {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 key: configmap::CONFIG_KEY.to_string(),
@@ -38,11 +48,19 @@ impl Source {
     /// for changes on the current runtime.
     pub async fn start(&self, store: Arc<ConfigStore>) -> Result<(), String> {
         match self {
-            Source::File { path, poll } => {
-                let applied = file::load(&store, path)?;
-                tokio::spawn(file::watch(store, path.clone(), *poll, applied));
+            Source::File {
+                path,
+                poll,
+                max_bytes,
+            } => {
+                let applied = file::load(&store, path, *max_bytes)?;
+                tokio::spawn(file::watch(store, path.clone(), *poll, *max_bytes, applied));
             }
-            Source::ConfigMap { namespace, name } => {
+            Source::ConfigMap {
+                namespace,
+                name,
+                max_bytes,
+            } => {
                 let client = kube::Client::try_default()
                     .await
                     .map_err(|e| format!("cannot reach the Kubernetes API for --configmap: {e}"))?;
@@ -51,6 +69,7 @@ impl Source {
                     client,
                     namespace.clone(),
                     name.clone(),
+                    *max_bytes,
                 ));
             }
         }
