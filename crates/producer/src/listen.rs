@@ -80,12 +80,21 @@ pub async fn serve(
         // Small responses go out at once (no Nagle delay).
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            // hyper's header timer starts once the protocol is known: a client that sends
+            // nothing (or half an HTTP/2 preface) must not hold the connection before that.
+            if !protocol_known(&stream, timeout).await {
+                tracing::debug!(%peer, "closed: nothing readable within the header-read timeout");
+                drop(permit);
+                return;
+            }
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(error) = watcher.watch(connection).await {
                 tracing::debug!(%peer, %error, "connection closed with an error");
             }
             drop(permit);
@@ -93,6 +102,35 @@ pub async fn serve(
     }
     drop(tcp);
     graceful.shutdown().await;
+}
+
+/// The HTTP/2 connection preface; anything else that starts differently is HTTP/1.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits, at most `timeout`, until enough of the first bytes arrived to tell HTTP/1 from
+/// HTTP/2 (what hyper's auto-detection reads before any of its own timers run). False when the
+/// client sent nothing in time or closed.
+async fn protocol_known(stream: &tokio::net::TcpStream, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut first = [0u8; 24];
+    loop {
+        let peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)).await;
+        let n = match peeked {
+            Ok(Ok(n)) => n,
+            _ => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n >= H2_PREFACE.len() || first[..n] != H2_PREFACE[..n] {
+            return true;
+        }
+        // Part of an HTTP/2 preface: peek returns at once while bytes wait, so poll gently.
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Resolves once `stop` is true (or its sender is gone).

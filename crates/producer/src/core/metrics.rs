@@ -122,6 +122,7 @@ pub struct Metrics {
     epp_immediate: IntCounterVec,
     /// 1 while this replica leads (always, without leader election), 0 as a follower.
     pub leading: IntGauge,
+    plans: IntCounterVec,
 }
 
 impl Metrics {
@@ -255,6 +256,17 @@ impl Metrics {
         )
         .unwrap();
         leading.set(1);
+        let plans = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_plans_total",
+                "POST /v1/plan batches by result: planned, refused (bad input or too large), abandoned (client gone or shutting down)",
+            ),
+            &["result"],
+        )
+        .unwrap();
+        for result in ["planned", "refused", "abandoned"] {
+            plans.with_label_values(&[result]);
+        }
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(window_size.clone()),
@@ -273,6 +285,7 @@ impl Metrics {
             Box::new(epp_served.clone()),
             Box::new(epp_immediate.clone()),
             Box::new(leading.clone()),
+            Box::new(plans.clone()),
         ] {
             registry.register(collector).unwrap();
         }
@@ -313,7 +326,12 @@ impl Metrics {
             epp_served,
             epp_immediate,
             leading,
+            plans,
         }
+    }
+
+    pub fn plan(&self, result: &str) {
+        self.plans.with_label_values(&[result]).inc();
     }
 
     pub fn epp_served(&self, endpoint: &str) {

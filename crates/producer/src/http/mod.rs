@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 use burst_prefix_api::PlannerConfig;
 use tokio::sync::Semaphore;
 
-use crate::core::batch::{plan_input, PlanBounds, PlanInput, PlanOutput};
+use crate::core::batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
 use crate::core::metrics::Outcome;
 use crate::core::request::Hints;
 use crate::core::{PlaceRequest, Producer};
@@ -196,7 +196,13 @@ async fn plan(
             max_replicas,
             cancelled: &stop,
         };
-        plan_input(&PlanInput::parse(&body)?, &bounds)
+        let result = PlanInput::parse(&body).and_then(|input| plan_input(&input, &bounds));
+        producer.metrics.plan(match &result {
+            Ok(_) => "planned",
+            Err(PlanError::Abandoned) => "abandoned",
+            Err(_) => "refused",
+        });
+        result
     })
     .await
     .map_err(|error| ApiError::Internal(format!("planning a batch failed: {error}")))??;
