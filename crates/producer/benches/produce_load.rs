@@ -19,6 +19,9 @@
 //!
 //! Run: `cargo bench -p burst-prefix-producer --bench produce_load [-- --rate 2000 ...]`
 
+#[path = "stats/mod.rs"]
+mod stats;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +36,7 @@ use burst_prefix_producer::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use serde_json::{json, Value};
+use stats::summary;
 use tokio::net::TcpListener;
 
 struct Options {
@@ -212,26 +216,6 @@ async fn closed_loop(
     (
         done.load(Ordering::Relaxed) as f64 / elapsed,
         failed.load(Ordering::Relaxed),
-    )
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn summary(name: &str, mut values_ms: Vec<f64>) -> String {
-    values_ms.sort_by(f64::total_cmp);
-    format!(
-        "| {name} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
-        values_ms.len(),
-        percentile(&values_ms, 50.0),
-        percentile(&values_ms, 99.0),
-        percentile(&values_ms, 99.9),
-        values_ms.last().copied().unwrap_or(f64::NAN),
     )
 }
 

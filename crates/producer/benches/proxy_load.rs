@@ -1,0 +1,308 @@
+//! A bounded load generator for proxy mode (SPEC §8) on loopback (a benchmark, not a test).
+//!
+//! In this process: 4 stub engines (`crates/stub-engine`), the producer's proxy in front of
+//! them, and as baselines a *no-op proxy* (the same axum server and the same pooled reqwest
+//! client, forwarding each request round-robin with no window) and the stubs called directly.
+//! Open loop at `--rate` requests/s for `--seconds`, completions bodies with `--prompt-kib` KiB
+//! prompts in groups of 8 identical ones sent back to back (a GRPO burst: a group's requests
+//! leave within 8 / rate seconds of each other).
+//!
+//! 1. Round trip of a non-streaming completion: direct, no-op proxy, and the producer proxy
+//!    with group hints (`x-burst-prefix-group-size: 8`, window `--window-ms` as the upper bound:
+//!    a window seals when its groups are complete), and with a 1 ms window and no hints (the
+//!    stack's overhead with a window that never waits long).
+//! 2. Time to first byte of a streaming completion (SSE), at `--stream-rate`: direct, no-op
+//!    proxy, producer proxy with hints.
+//!
+//! Run: `cargo bench -p burst-prefix-producer --bench proxy_load [-- --rate 2000 --seconds 10]`
+
+#[path = "stats/mod.rs"]
+mod stats;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use burst_prefix_producer::core::config_store::ConfigSource;
+use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::serve::{Role, Service};
+use burst_prefix_stub_engine::{Options as StubOptions, StubEngine};
+use futures::StreamExt;
+use serde_json::json;
+use stats::summary;
+
+struct Options {
+    rate: f64,
+    seconds: f64,
+    stream_rate: f64,
+    stream_seconds: f64,
+    window_ms: u64,
+    prompt_kib: usize,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        rate: 2000.0,
+        seconds: 10.0,
+        stream_rate: 500.0,
+        stream_seconds: 5.0,
+        window_ms: 100,
+        prompt_kib: 4,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let value = || args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--rate" => options.rate = value().parse().expect("--rate N"),
+            "--seconds" => options.seconds = value().parse().expect("--seconds S"),
+            "--stream-rate" => options.stream_rate = value().parse().expect("--stream-rate N"),
+            "--stream-seconds" => {
+                options.stream_seconds = value().parse().expect("--stream-seconds S")
+            }
+            "--window-ms" => options.window_ms = value().parse().expect("--window-ms MS"),
+            "--prompt-kib" => options.prompt_kib = value().parse().expect("--prompt-kib K"),
+            "--bench" => {
+                i += 1;
+                continue;
+            }
+            other => panic!("unknown option {other}"),
+        }
+        i += 2;
+    }
+    options
+}
+
+/// 64 prompts x 8 identical samples, in sending order (a group's samples back to back).
+fn bodies(prompt_kib: usize, stream: bool) -> Vec<Bytes> {
+    (0..64)
+        .flat_map(|p| {
+            let mut prompt = format!("Rollout prompt {p}. ");
+            while prompt.len() < prompt_kib * 1024 {
+                prompt.push_str("Solve the problem step by step and box the final answer. ");
+            }
+            prompt.truncate(prompt_kib * 1024);
+            let body = json!({"model": "bench", "prompt": prompt, "max_tokens": 4, "stream": stream,
+                              "stub": {"chunks": 4}});
+            std::iter::repeat_n(Bytes::from(body.to_string()), 8)
+        })
+        .collect()
+}
+
+/// Where requests go: a fixed URL, or round-robin over several (the direct baseline).
+#[derive(Clone)]
+struct Target {
+    urls: Arc<Vec<String>>,
+    next: Arc<AtomicUsize>,
+    hints: bool,
+}
+
+impl Target {
+    fn one(url: String, hints: bool) -> Self {
+        Target {
+            urls: Arc::new(vec![url]),
+            next: Arc::default(),
+            hints,
+        }
+    }
+
+    fn url(&self) -> &str {
+        &self.urls[self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len()]
+    }
+}
+
+/// (round trip, time to first body byte), or `None` when it failed.
+async fn send(client: &reqwest::Client, target: &Target, body: Bytes) -> Option<(f64, f64)> {
+    let sent = Instant::now();
+    let mut request = client
+        .post(format!("{}/v1/completions", target.url()))
+        .header("content-type", "application/json")
+        .body(body);
+    if target.hints {
+        request = request.header("x-burst-prefix-group-size", "8");
+    }
+    let response = request.send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let mut chunks = response.bytes_stream();
+    let mut first = None;
+    while let Some(chunk) = chunks.next().await {
+        chunk.ok()?;
+        first.get_or_insert_with(|| sent.elapsed().as_secs_f64() * 1e3);
+    }
+    Some((sent.elapsed().as_secs_f64() * 1e3, first.unwrap_or(f64::NAN)))
+}
+
+/// Open loop: requests leave on schedule whatever the answers do. Returns the samples and the
+/// number that failed.
+async fn open_loop(
+    client: &reqwest::Client,
+    target: &Target,
+    bodies: &[Bytes],
+    rate: f64,
+    seconds: f64,
+) -> (Vec<(f64, f64)>, usize) {
+    let total = (rate * seconds) as usize;
+    let mut tasks = Vec::with_capacity(total);
+    let start = Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_millis(1));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    while tasks.len() < total {
+        ticks.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * rate) as usize).min(total);
+        while tasks.len() < due {
+            let (client, target) = (client.clone(), target.clone());
+            let body = bodies[tasks.len() % bodies.len()].clone();
+            tasks.push(tokio::spawn(async move { send(&client, &target, body).await }));
+        }
+    }
+    let mut samples = Vec::with_capacity(total);
+    let mut failed = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Some(sample) => samples.push(sample),
+            None => failed += 1,
+        }
+    }
+    (samples, failed)
+}
+
+/// The no-op proxy: the same server stack and upstream client as the producer's proxy,
+/// forwarding round-robin with no window.
+async fn start_noop_proxy(upstreams: Vec<String>) -> String {
+    #[derive(Clone)]
+    struct Noop {
+        client: reqwest::Client,
+        upstreams: Arc<Vec<String>>,
+        next: Arc<AtomicUsize>,
+    }
+    async fn forward(State(noop): State<Noop>, headers: HeaderMap, body: Bytes) -> Response {
+        let i = noop.next.fetch_add(1, Ordering::Relaxed) % noop.upstreams.len();
+        let mut headers = headers;
+        headers.remove("host");
+        headers.remove("content-length");
+        let upstream = noop
+            .client
+            .post(format!("{}/v1/completions", noop.upstreams[i]))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+            .expect("the stub answers");
+        let status = upstream.status();
+        let mut response = Response::new(Body::from_stream(upstream.bytes_stream()));
+        *response.status_mut() = status;
+        response
+    }
+    let noop = Noop {
+        client: reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().unwrap(),
+        upstreams: Arc::new(upstreams),
+        next: Arc::default(),
+    };
+    let router = Router::new()
+        .route("/v1/completions", post(forward))
+        .with_state(noop);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}
+
+async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
+    let producer = Producer::new(ConfigSource::Demo, Limits::default());
+    let mut yaml = format!("windowDurationMs: {window_ms}\nmaxBatchSize: -1\nendpoints:\n");
+    for (i, stub) in stubs.iter().enumerate() {
+        yaml.push_str(&format!("  - {{id: bench/e{i}, address: '{}'}}\n", stub.addr()));
+    }
+    producer.store.apply_text(&yaml).unwrap();
+    Service::on_loopback(producer, ProxyConfig::default())
+        .await
+        .unwrap()
+}
+
+fn main() {
+    let options = options();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut stubs = Vec::new();
+        for i in 0..4 {
+            stubs.push(StubEngine::start(StubOptions::with_id(format!("e{i}"))).await.unwrap());
+        }
+        let direct = Target {
+            urls: Arc::new(stubs.iter().map(StubEngine::url).collect()),
+            next: Arc::default(),
+            hints: false,
+        };
+        let noop = Target::one(start_noop_proxy(stubs.iter().map(StubEngine::url).collect()).await, false);
+        let hinted_proxy = start_proxy(&stubs, options.window_ms).await;
+        let hinted = Target::one(
+            format!("http://{}", hinted_proxy.addr(Role::Api).unwrap()),
+            true,
+        );
+        let fast_proxy = start_proxy(&stubs, 1).await;
+        let fast = Target::one(format!("http://{}", fast_proxy.addr(Role::Api).unwrap()), false);
+        let client = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().unwrap();
+
+        let plain = bodies(options.prompt_kib, false);
+        let streaming = bodies(options.prompt_kib, true);
+        println!(
+            "Round trip, non-streaming, open loop {} req/s for {} s, {} KiB prompts in groups of 8 (ms):\n",
+            options.rate, options.seconds, options.prompt_kib
+        );
+        println!("| path | samples | p50 | p99 | p99.9 | max |\n|---|---|---|---|---|---|");
+        for (name, target) in [
+            ("direct to the stubs", &direct),
+            ("no-op proxy (no window)", &noop),
+            ("producer proxy, window 1 ms, no hints", &fast),
+            (&*format!("producer proxy, hints, window {} ms", options.window_ms), &hinted),
+        ] {
+            // A short warm-up, so that connection pools are full.
+            let _ = open_loop(&client, target, &plain, options.rate, 0.5).await;
+            let (samples, failed) =
+                open_loop(&client, target, &plain, options.rate, options.seconds).await;
+            println!("{}", summary(name, samples.iter().map(|s| s.0).collect()));
+            assert_eq!(failed, 0, "{name}: {failed} requests failed");
+        }
+        println!(
+            "\nTime to first byte, streaming, open loop {} req/s for {} s (ms):\n",
+            options.stream_rate, options.stream_seconds
+        );
+        println!("| path | samples | p50 | p99 | p99.9 | max |\n|---|---|---|---|---|---|");
+        for (name, target) in [
+            ("direct to the stubs", &direct),
+            ("no-op proxy (no window)", &noop),
+            (&*format!("producer proxy, hints, window {} ms", options.window_ms), &hinted),
+        ] {
+            let (samples, failed) = open_loop(
+                &client,
+                target,
+                &streaming,
+                options.stream_rate,
+                options.stream_seconds,
+            )
+            .await;
+            println!("{}", summary(name, samples.iter().map(|s| s.1).collect()));
+            assert_eq!(failed, 0, "{name}: {failed} requests failed");
+        }
+        let metrics = hinted_proxy.producer.metrics.render();
+        let sealed: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("burst_prefix_windows_sealed_total"))
+            .collect();
+        println!("\nwindows of the hinted proxy: {}", sealed.join(", "));
+        hinted_proxy.shutdown(Duration::from_secs(5)).await;
+        fast_proxy.shutdown(Duration::from_secs(5)).await;
+    });
+}
