@@ -6,8 +6,8 @@
 //! (bounded by a fair share), and filling one replica up to `max_per_replica` (k) members before
 //! spilling to the next least-loaded one.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use crate::prefixhash::BlockHash;
@@ -79,7 +79,13 @@ pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &Pla
     if replicas.is_empty() {
         return plan;
     }
-    let total_blocks = units.iter().map(|unit| unit.blocks.len()).sum();
+    // (block, replica) pairs the window can record: each unit on at most ceil(members / k)
+    // replicas.
+    let k = params.max_per_replica.unwrap_or(usize::MAX);
+    let total_blocks = units
+        .iter()
+        .map(|unit| unit.blocks.len() * unit.members.len().div_ceil(k).min(replicas.len()))
+        .sum();
     let mut placer = Placer::new(
         replicas,
         params,
@@ -178,18 +184,37 @@ fn max_share(units: &[Unit<'_>], replicas: usize, params: &PlanParams) -> u64 {
 }
 
 /// Step 5: the state of one window's placement.
+///
+/// Cost: with prefix preference on (N > 0), each unit walks the holders of its leading blocks
+/// once (a per-replica marker, never a scan of a holder list per replica); without it, only
+/// the replicas a unit lands on look up what they hold. The least-loaded replica comes from an
+/// ordered index, not a scan of the replicas.
 struct Placer<'a> {
-    replicas: &'a [Replica<'a>],
     params: &'a PlanParams,
+    /// k, with unlimited as `usize::MAX`.
+    k: usize,
     max_share: u64,
+    /// The prefix preference of step 5 (N > 0): replicas need at least this many blocks.
+    prefer_from: Option<usize>,
     load: Vec<u64>,
-    /// For every block placed in this window, the head of its list of holders in
-    /// `holder_nodes` (an arena: one allocation per window, not one per block).
-    holders: HashMap<BlockHash, u32, BuildBlockHasher>,
-    /// Singly linked lists of the replicas holding a block: (replica, next node or `NO_NODE`).
-    holder_nodes: Vec<(u32, u32)>,
-    /// Scratch, per replica: leading blocks of the current unit it holds.
+    /// The static part of the tie-break: rank by (running requests, id bytes).
+    order: Vec<u32>,
+    /// Replicas under k for the current unit, by (load, order): the least-loaded is the first.
+    under_k: BTreeSet<(u64, u32)>,
+    /// Replica by `order`, to read `under_k`'s entries.
+    by_order: Vec<u32>,
+    /// Replicas that reached k in the current unit, out of `under_k` until the unit is placed.
+    full: Vec<usize>,
+    /// Placing members beyond k x replicas: every replica stays a candidate.
+    overflowing: bool,
+    /// Every (block, replica) placed in this window.
+    held: HashSet<(BlockHash, u32), BuildBlockHasher>,
+    /// The replicas holding each block (only kept when the prefix preference walks them).
+    holders: HashMap<BlockHash, Vec<u32>, BuildBlockHasher>,
+    /// Scratch, per replica: leading blocks of the current unit it holds; nonzero only for the
+    /// replicas in `matched`.
     matches: Vec<usize>,
+    matched: Vec<usize>,
     /// Scratch, per replica: members of the current unit placed on it.
     members_here: Vec<usize>,
     /// Scratch: replicas the current unit touched, in placement order.
@@ -203,168 +228,217 @@ impl<'a> Placer<'a> {
         max_share: u64,
         total_blocks: usize,
     ) -> Self {
+        let mut by_order: Vec<u32> = (0..replicas.len() as u32).collect();
+        // Stable: equal ids (never in practice) keep index order.
+        by_order.sort_by(|&a, &b| {
+            let key = |r: u32| {
+                let replica = &replicas[r as usize];
+                (replica.running_requests, replica.id.as_bytes())
+            };
+            key(a).cmp(&key(b))
+        });
+        let mut order = vec![0; replicas.len()];
+        for (rank, &replica) in by_order.iter().enumerate() {
+            order[replica as usize] = rank as u32;
+        }
+        let n = params.min_colocate_blocks;
+        let prefer_from = (n > 0).then_some(n);
         Placer {
-            replicas,
             params,
+            k: params.max_per_replica.unwrap_or(usize::MAX),
             max_share,
+            prefer_from,
             load: vec![0; replicas.len()],
-            holders: HashMap::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
-            holder_nodes: Vec::with_capacity(total_blocks),
+            under_k: order.iter().map(|&rank| (0, rank)).collect(),
+            order,
+            by_order,
+            full: Vec::new(),
+            overflowing: false,
+            held: HashSet::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
+            holders: HashMap::with_capacity_and_hasher(
+                if prefer_from.is_some() {
+                    total_blocks
+                } else {
+                    0
+                },
+                BuildBlockHasher::default(),
+            ),
             matches: vec![0; replicas.len()],
+            matched: Vec::new(),
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
         }
     }
 
     fn place(&mut self, unit: &Unit<'_>, assignments: &mut [Option<usize>]) {
-        self.compute_matches(unit.blocks);
-        let k = self.params.max_per_replica.unwrap_or(usize::MAX);
+        if self.prefer_from.is_some() {
+            self.walk_holders(unit.blocks);
+        }
+        let k = self.k;
         let members = &unit.members;
         let mut next = 0;
-        let mut target = self.first_replica(k);
+        let mut target = self.first_replica();
         // Fill one replica up to k, then spill to the next least-loaded replica under k.
         loop {
             let take = k.min(members.len() - next);
-            for &member in &members[next..next + take] {
-                self.put(unit, member, target, assignments);
-            }
+            self.put(unit, &members[next..next + take], target, assignments);
             next += take;
             if next == members.len() {
                 break;
             }
-            match self.least_loaded(|r, placer| placer.members_here[r] < k) {
+            match self.least_loaded() {
                 Some(replica) => target = replica,
                 None => break,
             }
         }
-        // Members beyond k x replicas: one at a time on the least-loaded replica.
-        for &member in &members[next..] {
-            let replica = self
-                .least_loaded(|_, _| true)
-                .expect("at least one replica");
-            self.put(unit, member, replica, assignments);
+        // Members beyond k x replicas: one at a time on the least-loaded replica, all of them
+        // candidates again.
+        if next < members.len() {
+            self.restore_full();
+            self.overflowing = true;
+            for member in next..members.len() {
+                let replica = self.least_loaded().expect("at least one replica");
+                self.put(unit, &members[member..=member], replica, assignments);
+            }
+            self.overflowing = false;
         }
+        self.restore_full();
         for i in 0..self.touched.len() {
             let replica = self.touched[i];
-            for &block in unit.blocks {
-                self.record_holder(block, replica);
-            }
+            self.record(unit.blocks, replica);
             self.members_here[replica] = 0;
         }
         self.touched.clear();
+        for &replica in &self.matched {
+            self.matches[replica] = 0;
+        }
+        self.matched.clear();
     }
 
-    fn record_holder(&mut self, block: BlockHash, replica: usize) {
-        let next = self.holder_nodes.len() as u32;
-        let replica = replica as u32;
-        let head = match self.holders.get(&block) {
-            Some(&head) if self.holder_list(head).any(|r| r == replica as usize) => return,
-            Some(&head) => head,
-            None => NO_NODE,
-        };
-        self.holder_nodes.push((replica, head));
-        self.holders.insert(block, next);
-    }
-
-    /// The replicas on the list starting at `node`.
-    fn holder_list(&self, mut node: u32) -> impl Iterator<Item = usize> + '_ {
-        std::iter::from_fn(move || {
-            let (replica, next) = *self.holder_nodes.get(node as usize)?;
-            node = next;
-            Some(replica as usize)
-        })
+    /// Records `blocks` as held by `replica`; its leading `matches` blocks already are.
+    fn record(&mut self, blocks: &[BlockHash], replica: usize) {
+        let r = replica as u32;
+        for &block in &blocks[self.matches[replica]..] {
+            if self.held.insert((block, r)) && self.prefer_from.is_some() {
+                self.holders.entry(block).or_default().push(r);
+            }
+        }
     }
 
     /// The replica a unit starts on: the longest held prefix (>= N) among replicas under the fair
-    /// share, else the least-loaded replica under k, else the least-loaded overall.
-    fn first_replica(&self, k: usize) -> usize {
-        let n = self.params.min_colocate_blocks;
-        let preferred = if n > 0 {
-            (0..self.replicas.len())
-                .filter(|&r| {
-                    self.matches[r] >= n
-                        && self.load[r] < self.max_share
-                        && self.members_here[r] < k
-                })
+    /// share, else the least-loaded replica (every replica is under k when a unit starts).
+    fn first_replica(&self) -> usize {
+        let preferred = self.prefer_from.and_then(|need| {
+            self.matched
+                .iter()
+                .copied()
+                .filter(|&r| self.matches[r] >= need && self.load[r] < self.max_share)
                 .max_by(|&a, &b| {
                     self.matches[a]
                         .cmp(&self.matches[b])
-                        .then_with(|| self.tie_break(b, a))
+                        .then_with(|| self.key(b).cmp(&self.key(a)))
                 })
-        } else {
-            None
-        };
+        });
         preferred
-            .or_else(|| self.least_loaded(|r, placer| placer.members_here[r] < k))
-            .or_else(|| self.least_loaded(|_, _| true))
+            .or_else(|| self.least_loaded())
             .expect("at least one replica")
     }
 
+    /// Places `members` (of one unit) on `replica`.
     fn put(
         &mut self,
         unit: &Unit<'_>,
-        member: usize,
+        members: &[usize],
         replica: usize,
         assignments: &mut [Option<usize>],
     ) {
+        let indexed = self.under_k.remove(&self.key(replica));
         if self.members_here[replica] == 0 {
             self.touched.push(replica);
+            if self.prefer_from.is_none() {
+                // Not walked: look up only what this replica holds.
+                let held = self.held_prefix(unit.blocks, replica);
+                if held > 0 {
+                    self.matches[replica] = held;
+                    self.matched.push(replica);
+                }
+            }
             if self.params.balance_by == BalanceBy::Tokens {
                 // A prefix already held on this replica is not prefilled again.
                 self.load[replica] += (unit.blocks.len() - self.matches[replica]) as u64;
             }
         }
         if self.params.balance_by == BalanceBy::Requests {
-            self.load[replica] += 1;
+            self.load[replica] += members.len() as u64;
         }
-        self.members_here[replica] += 1;
-        assignments[member] = Some(replica);
+        self.members_here[replica] += members.len();
+        for &member in members {
+            assignments[member] = Some(replica);
+        }
+        if indexed {
+            if self.overflowing || self.members_here[replica] < self.k {
+                self.under_k.insert(self.key(replica));
+            } else {
+                self.full.push(replica);
+            }
+        }
     }
 
-    /// `matches[r]` = leading blocks of `blocks` held by replica r; the walk stops at the first
-    /// unheld block.
-    fn compute_matches(&mut self, blocks: &[BlockHash]) {
-        self.matches.fill(0);
-        let mut live: Vec<usize> = Vec::new();
+    /// Puts the replicas that reached k in this unit back among the candidates.
+    fn restore_full(&mut self) {
+        for i in 0..self.full.len() {
+            let replica = self.full[i];
+            self.under_k.insert(self.key(replica));
+        }
+        self.full.clear();
+    }
+
+    /// Leading blocks of `blocks` that `replica` holds.
+    fn held_prefix(&self, blocks: &[BlockHash], replica: usize) -> usize {
+        let r = replica as u32;
+        blocks
+            .iter()
+            .take_while(|&&block| self.held.contains(&(block, r)))
+            .count()
+    }
+
+    /// `matches[r]` = leading blocks of `blocks` held by r, for every replica holding any: a
+    /// holder of block i advances only if it held blocks 0..i, so each holder of each walked
+    /// block is visited once; the walk stops at the first block on which no holder advanced.
+    fn walk_holders(&mut self, blocks: &[BlockHash]) {
         for (depth, block) in blocks.iter().enumerate() {
-            let Some(&head) = self.holders.get(block) else {
+            let Some(holders) = self.holders.get(block) else {
                 break;
             };
-            if depth == 0 {
-                live.extend(self.holder_list(head));
-            } else {
-                live.retain(|&r| self.holder_list(head).any(|h| h == r));
+            let mut advanced = false;
+            for &holder in holders {
+                let holder = holder as usize;
+                if self.matches[holder] == depth {
+                    self.matches[holder] = depth + 1;
+                    advanced = true;
+                    if depth == 0 {
+                        self.matched.push(holder);
+                    }
+                }
             }
-            if live.is_empty() {
+            if !advanced {
                 break;
-            }
-            for &replica in &live {
-                self.matches[replica] = depth + 1;
             }
         }
     }
 
-    /// Step 6: lower window load, then lower live running count, then the lower id.
-    fn tie_break(&self, a: usize, b: usize) -> Ordering {
-        let key = |r: usize| {
-            (
-                self.load[r],
-                self.replicas[r].running_requests,
-                self.replicas[r].id.as_bytes(),
-            )
-        };
-        key(a).cmp(&key(b))
+    /// Step 6's order: lower window load, then fewer running requests, then the lower id.
+    fn key(&self, replica: usize) -> (u64, u32) {
+        (self.load[replica], self.order[replica])
     }
 
-    fn least_loaded(&self, eligible: impl Fn(usize, &Self) -> bool) -> Option<usize> {
-        (0..self.replicas.len())
-            .filter(|&r| eligible(r, self))
-            .min_by(|&a, &b| self.tie_break(a, b))
+    /// The least-loaded replica under k for the current unit.
+    fn least_loaded(&self) -> Option<usize> {
+        self.under_k
+            .first()
+            .map(|&(_, rank)| self.by_order[rank as usize] as usize)
     }
 }
-
-/// The end of a holder list.
-const NO_NODE: u32 = u32::MAX;
 
 /// A block-hash sequence as a map key. Chained hashes make the last block stand for the whole
 /// sequence, so only it (and the length) is hashed; equality still compares every block.
@@ -394,6 +468,10 @@ impl Hasher for BlockHasher {
 
     fn write_u64(&mut self, value: u64) {
         self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
     }
 
     fn write_usize(&mut self, value: usize) {
