@@ -6,14 +6,15 @@
 mod reference;
 
 use burst_prefix_planner::{
-    assign, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, PlanParams, Prompt,
-    Replica,
+    assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
+    Memory, MemorySettings, PlanParams, Prompt, Replica,
 };
 use criterion::{
-    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+    criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use reference::reference_assign;
 use std::hint::black_box;
+use std::num::NonZeroUsize;
 use xxhash_rust::xxh64::xxh64;
 
 const PROMPT_TOKENS: usize = 4096;
@@ -66,13 +67,21 @@ fn hashing(c: &mut Criterion) {
 
 /// `requests` requests in groups of 8, four groups per family sharing 16 of their 64 blocks.
 fn window(requests: usize) -> Vec<Vec<BlockHash>> {
+    window_seeded(requests, 0)
+}
+
+/// The same shape; another `seed` gives other prompts on the same families' shared blocks.
+fn window_seeded(requests: usize, seed: u64) -> Vec<Vec<BlockHash>> {
     let spec = BlockSpec::new(64, 0);
     let groups = requests.div_ceil(GROUP_SIZE);
     let distinct: Vec<Vec<BlockHash>> = (0..groups)
         .map(|g| {
             let family = (g / FAMILY_SIZE) as u64;
             let mut prompt = tokens(family, PROMPT_TOKENS / 4);
-            prompt.extend(tokens(1_000_000 + g as u64, PROMPT_TOKENS * 3 / 4));
+            prompt.extend(tokens(
+                1_000_000 + seed * 100_000 + g as u64,
+                PROMPT_TOKENS * 3 / 4,
+            ));
             hash_prompts("model", "", &[Prompt::Tokens(&prompt)], spec).concat()
         })
         .collect();
@@ -229,5 +238,55 @@ fn scaling(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hashing, planning, rl_step_bench, scaling);
+/// `assign_with_memory` on the 10,000-request window against `assign` in the same run: the
+/// memory was filled by an earlier window on the same families (default capacity, 4,096
+/// blocks), and each iteration plans on a fresh copy of it (the copy is not timed).
+fn planning_with_memory(c: &mut Criterion) {
+    let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
+    let replicas = replica_list(&ids);
+    let earlier = window_seeded(10_000, 1);
+    let prompts = window(10_000);
+    let batch = whole_batch(&prompts);
+    let mut group = c.benchmark_group("plan_window_memory_10000");
+    group.throughput(Throughput::Elements(batch.len() as u64));
+    for (mode, balance_by) in [
+        ("requests", BalanceBy::Requests),
+        ("tokens", BalanceBy::Tokens),
+    ] {
+        let params = PlanParams {
+            max_per_replica: Some(GROUP_SIZE),
+            min_colocate_blocks: 0,
+            balance_by,
+        };
+        let mut warmed = Memory::new(MemorySettings {
+            capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
+            load_half_life_ms: 1_000,
+        });
+        assign_with_memory(&whole_batch(&earlier), &replicas, &params, &mut warmed, 0);
+        group.bench_function(format!("assign_baseline_{mode}"), |b| {
+            b.iter(|| assign(black_box(&batch), &replicas, &params))
+        });
+        group.bench_function(format!("assign_with_memory_{mode}"), |b| {
+            b.iter_batched(
+                || warmed.clone(),
+                |mut memory| {
+                    let plan =
+                        assign_with_memory(black_box(&batch), &replicas, &params, &mut memory, 100);
+                    (plan, memory)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    hashing,
+    planning,
+    planning_with_memory,
+    rl_step_bench,
+    scaling
+);
 criterion_main!(benches);
