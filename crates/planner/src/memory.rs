@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
 use hashlink::LruCache;
+use smallvec::SmallVec;
 
 use crate::plan::BuildBlockHasher;
 use crate::prefixhash::BlockHash;
@@ -36,8 +37,8 @@ pub struct Memory {
     /// By slot; `None` for a slot freed by [`Memory::retain_replicas`].
     models: Vec<Option<ReplicaModel>>,
     free_slots: Vec<u32>,
-    /// The slots holding each block.
-    holders: HashMap<BlockHash, Vec<u32>, BuildBlockHasher>,
+    /// The slots holding each block (most blocks have one or two: inline, no allocation).
+    holders: HashMap<BlockHash, SmallVec<[u32; 4]>, BuildBlockHasher>,
 }
 
 #[derive(Clone, Debug)]
@@ -80,7 +81,7 @@ impl Memory {
 
     /// Entries of the block index (one per held block and replica): its size.
     pub fn index_entries(&self) -> usize {
-        self.holders.values().map(Vec::len).sum()
+        self.holders.values().map(|list| list.len()).sum()
     }
 
     /// Keeps only the replicas `keep` says are still there; the others' models are dropped (a
@@ -134,7 +135,7 @@ impl Memory {
 
     /// The slots holding `block`.
     pub(crate) fn holders(&self, block: BlockHash) -> &[u32] {
-        self.holders.get(&block).map_or(&[], Vec::as_slice)
+        self.holders.get(&block).map_or(&[], |list| list.as_slice())
     }
 
     pub(crate) fn holds(&self, slot: u32, block: BlockHash) -> bool {
