@@ -463,7 +463,11 @@ struct Placer<'a> {
     /// Every (block, replica) placed in this window.
     held: HashSet<(BlockHash, u32), BuildBlockHasher>,
     /// The replicas this window placed each block on (kept when the preference walks them).
-    holders: HashMap<BlockHash, Vec<u32>, BuildBlockHasher>,
+    /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
+    /// allocating one per block was most of the time of a 10,000-request window).
+    holders: HashMap<BlockHash, u32, BuildBlockHasher>,
+    /// Singly linked lists of the replicas holding a block: (replica, next node or `NO_NODE`).
+    holder_nodes: Vec<(u32, u32)>,
     /// Scratch, per replica: leading blocks of the current unit it holds; nonzero only for the
     /// replicas in `matched`.
     matches: Vec<usize>,
@@ -498,6 +502,11 @@ impl<'a> Placer<'a> {
         for (rank, &replica) in by_order.iter().enumerate() {
             order[replica as usize] = rank as u32;
         }
+        let walked_blocks = if prefer_from.is_some() {
+            total_blocks
+        } else {
+            0
+        };
         Placer {
             params,
             recall,
@@ -511,14 +520,8 @@ impl<'a> Placer<'a> {
             full: Vec::new(),
             overflowing: false,
             held: HashSet::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
-            holders: HashMap::with_capacity_and_hasher(
-                if prefer_from.is_some() {
-                    total_blocks
-                } else {
-                    0
-                },
-                BuildBlockHasher::default(),
-            ),
+            holders: HashMap::with_capacity_and_hasher(walked_blocks, BuildBlockHasher::default()),
+            holder_nodes: Vec::with_capacity(walked_blocks),
             matches: vec![0; replicas.len()],
             matched: Vec::new(),
             members_here: vec![0; replicas.len()],
@@ -578,7 +581,9 @@ impl<'a> Placer<'a> {
         let r = replica as u32;
         for &block in &blocks[self.matches[replica]..] {
             if self.held.insert((block, r)) && self.prefer_from.is_some() {
-                self.holders.entry(block).or_default().push(r);
+                let node = self.holder_nodes.len() as u32;
+                let head = self.holders.insert(block, node).unwrap_or(NO_NODE);
+                self.holder_nodes.push((r, head));
             }
         }
     }
@@ -720,10 +725,10 @@ impl<'a> Placer<'a> {
         };
         for (depth, block) in blocks.iter().enumerate() {
             let mut advanced = false;
-            if let Some(holders) = self.holders.get(block) {
-                for &holder in holders {
-                    advanced |= advance(holder as usize, depth);
-                }
+            let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
+            while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
+                advanced |= advance(holder as usize, depth);
+                node = next;
             }
             if let Some(recall) = self.recall {
                 for holder in recall.holders(*block) {
@@ -777,6 +782,9 @@ impl<'a> Placer<'a> {
 /// conversations off their replica at the mean (prefill 1.14x the bound on multiturn), 1 keeps
 /// them too long (imbalance 1.32 on mixed); 0.5 is between.
 const STAY_OVER_SHARE_PER_BLOCK_SAVED: f64 = 0.5;
+
+/// The end of a holder list.
+const NO_NODE: u32 = u32::MAX;
 
 /// A block-hash sequence as a map key. Chained hashes make the last block stand for the whole
 /// sequence, so only it (and the length) is hashed; equality still compares every block.
