@@ -460,7 +460,8 @@ struct Placer<'a> {
     full: Vec<usize>,
     /// Placing members beyond k x replicas: every replica stays a candidate.
     overflowing: bool,
-    /// Every (block, replica) placed in this window.
+    /// Every (block, replica) placed in this window (when looked up: without the preference,
+    /// or with memory).
     held: HashSet<(BlockHash, u32), BuildBlockHasher>,
     /// The replicas this window placed each block on (kept when the preference walks them).
     /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
@@ -519,7 +520,14 @@ impl<'a> Placer<'a> {
             by_order,
             full: Vec::new(),
             overflowing: false,
-            held: HashSet::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
+            held: HashSet::with_capacity_and_hasher(
+                if prefer_from.is_none() || recall.is_some() {
+                    total_blocks
+                } else {
+                    0
+                },
+                BuildBlockHasher::default(),
+            ),
             holders: HashMap::with_capacity_and_hasher(walked_blocks, BuildBlockHasher::default()),
             holder_nodes: Vec::with_capacity(walked_blocks),
             matches: vec![0; replicas.len()],
@@ -580,11 +588,28 @@ impl<'a> Placer<'a> {
     fn record(&mut self, blocks: &[BlockHash], replica: usize) {
         let r = replica as u32;
         for &block in &blocks[self.matches[replica]..] {
-            if self.held.insert((block, r)) && self.prefer_from.is_some() {
-                let node = self.holder_nodes.len() as u32;
-                let head = self.holders.insert(block, node).unwrap_or(NO_NODE);
-                self.holder_nodes.push((r, head));
+            if self.prefer_from.is_none() {
+                self.held.insert((block, r));
+                continue;
             }
+            // Walked, not looked up: the set is only needed with memory (for `held_prefix`).
+            // Without it a replica may appear twice on a list (a later prompt's chain held
+            // without the earlier one), which the walk's marker ignores; the same replica
+            // twice in a row is skipped here.
+            if self.recall.is_some() && !self.held.insert((block, r)) {
+                continue;
+            }
+            let node = self.holder_nodes.len() as u32;
+            let head = self.holders.get(&block).copied().unwrap_or(NO_NODE);
+            if self
+                .holder_nodes
+                .get(head as usize)
+                .is_some_and(|&(h, _)| h == r)
+            {
+                continue;
+            }
+            self.holders.insert(block, node);
+            self.holder_nodes.push((r, head));
         }
     }
 
