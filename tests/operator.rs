@@ -285,6 +285,14 @@ async fn invalid_policies_are_refused_with_their_message() {
         ),
         ("minColocateBlocks: -1", "minColocateBlocks"),
         ("balanceBy: bytes", "balanceBy"),
+        (
+            "memory: {cacheTokensPerReplica: 32}",
+            "memory.cacheTokensPerReplica must be >= blockSizeTokens",
+        ),
+        (
+            "memory: {loadHalfLifeMs: -1}",
+            "memory.loadHalfLifeMs must be between 0 and 3600000",
+        ),
     ];
     for (i, (field, message)) in cases.iter().enumerate() {
         let yaml = format!(
