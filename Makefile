@@ -10,7 +10,7 @@ export BURST_PREFIX_CONTROL_PLANE_BIN := $(shell $(CONTROL_PLANE_BUILD) --print-
 PYTHON_CLIENTS_SETUP := tests/python/setup.sh
 export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-python)
 
-.PHONY: test lint unit control-plane python-clients demo bench crds e2e-kind
+.PHONY: test lint unit control-plane python-clients demo bench bench-engine crds e2e-kind
 
 test: control-plane python-clients lint unit
 
@@ -45,3 +45,15 @@ crds:
 # Docker, kind, kubectl, helm and curl; not part of `make test`.
 e2e-kind:
 	tests/e2e/kind.sh
+
+# Placement on a real engine (not part of `make test`): builds llama.cpp's llama-server once into
+# the cache (~9 min on 2 cores, under nice), writes the tiny model, and runs the workloads on
+# llama-server replicas straight and through the proxy. See bench/engine/README.md. The bench binary
+# is a dev build (it only sends requests and proxies them; the engine is the Release build).
+ENGINE_BENCH_ARGS ?=
+bench-engine:
+	nice -n 10 bench/engine/build-llama-server.sh
+	bench/engine/model.sh
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- \
+		--llama-server "$$(bench/engine/build-llama-server.sh --print-bin)" \
+		--model "$$(bench/engine/model.sh --print-path)" $(ENGINE_BENCH_ARGS)
