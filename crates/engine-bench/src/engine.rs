@@ -1,7 +1,7 @@
 //! llama-server replicas as child processes on loopback: started, waited for, and stopped.
 //!
 //! Each replica is killed when its [`Replica`] is dropped (`kill_on_drop`), so a bench that
-//! fails half-way leaves no process behind; [`Replica::stop`] also waits for the exit.
+//! fails half-way leaves no process behind; [`Replica::stop`] is the orderly way.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -135,10 +135,22 @@ impl Replica {
         )
     }
 
-    /// Kills it and reaps it (llama-server keeps nothing worth a graceful exit), waiting at
-    /// most `timeout`.
-    pub async fn stop(mut self, timeout: Duration) {
-        let _ = tokio::time::timeout(timeout, self.child.kill()).await;
+    /// SIGTERM (so that its log is flushed), then SIGKILL if it has not exited within `grace`.
+    pub async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            // kill(1) rather than libc: the pid is our unreaped child's, so it names no other
+            // process.
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
     }
 
     pub fn log(&self) -> &Path {

@@ -10,7 +10,7 @@ use burst_prefix_api::ProducerConfig;
 use burst_prefix_engine_bench::bound::lower_bound_per_step;
 use burst_prefix_engine_bench::engine::{start_replicas, stop_replicas, EngineOptions};
 use burst_prefix_engine_bench::report::{Report, RouteFigures, Setup, WorkloadReport};
-use burst_prefix_engine_bench::run::{planner_has_memory, run, Route, RunOptions};
+use burst_prefix_engine_bench::run::{client, planner_has_memory, run, Route, RunOptions};
 use burst_prefix_engine_bench::workloads::{bench_workloads, fold_into_vocabulary};
 use burst_prefix_engine_bench::{chart, check};
 use clap::Parser;
@@ -56,6 +56,9 @@ struct Args {
     /// The simulator's cache per replica, in blocks (the engine's host cache holds far more).
     #[arg(long, default_value_t = 4096)]
     simulator_cache_blocks: usize,
+    /// Pause between a step's last answer and the next step, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pause_between_steps_ms: u64,
     /// The whole bench stops after this many seconds.
     #[arg(long, default_value_t = 1800)]
     time_limit_s: u64,
@@ -97,17 +100,13 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     let planner = ProducerConfig::from_yaml(&format!("{}endpoints: []\n", args.planner_yaml))
         .map_err(|e| anyhow!("--planner-yaml: {e}"))?
         .planner;
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(256)
-        .build()?;
-    let (vocabulary, engine_version) = probe(&engine, &client).await?;
+    let (vocabulary, engine_version) = probe(&engine, &client()?).await?;
     let options = RunOptions {
         replicas: args.replicas,
         max_tokens: args.max_tokens,
         planner_yaml: args.planner_yaml.clone(),
         request_timeout: Duration::from_secs(300),
+        pause_between_steps: Duration::from_millis(args.pause_between_steps_ms),
     };
     let mut report = Report {
         setup: Setup {
@@ -159,7 +158,13 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
                 continue;
             }
             let started = Instant::now();
-            let record = run(route, &steps, &engine, &options, &client)
+            let mut engine = engine.clone();
+            engine.log_dir =
+                args.out_dir
+                    .join("logs")
+                    .join(format!("{}-{:?}", workload.name(), route));
+            std::fs::create_dir_all(&engine.log_dir)?;
+            let record = run(route, &steps, &engine, &options)
                 .await
                 .with_context(|| format!("{} through {}", workload.name(), route.name()))?;
             let figures = RouteFigures::new(&record, args.replicas);

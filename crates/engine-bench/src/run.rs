@@ -69,6 +69,8 @@ pub struct RunOptions {
     pub planner_yaml: String,
     /// The longest a request may take.
     pub request_timeout: Duration,
+    /// Between one step's last answer and the next step (a trainer's update between rollouts).
+    pub pause_between_steps: Duration,
 }
 
 /// One request's outcome.
@@ -109,14 +111,24 @@ enum Target {
     Proxy,
 }
 
+/// An HTTP client of its own for each run: a pooled connection to an earlier run's replica
+/// must never be reused on a new replica that got the same port.
+pub fn client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(256)
+        .build()
+}
+
 /// Runs `steps` through `route` on fresh replicas (empty caches), and stops them all.
 pub async fn run(
     route: Route,
     steps: &[Vec<Vec<u32>>],
     engine: &EngineOptions,
     options: &RunOptions,
-    client: &reqwest::Client,
 ) -> anyhow::Result<RunRecord> {
+    let client = &client()?;
     let replicas = start_replicas(engine, options.replicas, client).await?;
     let proxy = match route {
         Route::ProxyMemoryOff | Route::ProxyMemoryOn => {
@@ -243,6 +255,7 @@ async fn run_steps(
         record
             .step_wall_ms
             .push(started.elapsed().as_secs_f64() * 1e3);
+        tokio::time::sleep(options.pause_between_steps).await;
     }
     Ok(record)
 }
@@ -279,7 +292,12 @@ async fn send(
         .timeout(timeout)
         .send()
         .await
-        .with_context(|| format!("POST {url}/v1/completions"))?;
+        .with_context(|| {
+            format!(
+                "POST {url}/v1/completions (step {step}, after {:?})",
+                sent.elapsed()
+            )
+        })?;
     let status = response.status();
     let replica = match replica {
         Some(r) => r,
