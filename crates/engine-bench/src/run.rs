@@ -299,15 +299,11 @@ async fn send(
             )
         })?;
     let status = response.status();
-    let replica = match replica {
-        Some(r) => r,
-        None => response
-            .headers()
-            .get(ENDPOINT_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(replica_of_endpoint)
-            .ok_or_else(|| anyhow!("the proxy's answer names no bench endpoint ({status})"))?,
-    };
+    let endpoint = response
+        .headers()
+        .get(ENDPOINT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(replica_of_endpoint);
     let mut chunks = response.bytes_stream();
     let mut text = Vec::new();
     let mut ttft = None;
@@ -319,10 +315,13 @@ async fn send(
     let latency = sent.elapsed();
     if !status.is_success() {
         bail!(
-            "{url} answered {status}: {}",
+            "{url} answered {status} (step {step}): {}",
             String::from_utf8_lossy(&text)
         );
     }
+    let replica = replica
+        .or(endpoint)
+        .ok_or_else(|| anyhow!("the proxy's answer names no bench endpoint"))?;
     let usage =
         usage::from_sse(&text).with_context(|| format!("the stream of replica {replica}"))?;
     Ok(RequestRecord {
