@@ -3,7 +3,7 @@
 
 use burst_prefix_api::PlannerConfig;
 use burst_prefix_simulator::policy::{Burst, LeastLoaded, Policy, RoundRobin};
-use burst_prefix_simulator::simulate::{simulate_on_slots, Cluster};
+use burst_prefix_simulator::simulate::{simulate_on_slots, Cluster, Slots};
 use burst_prefix_simulator::workload::hash_steps;
 
 use crate::report::{RouteFigures, SimulatorCheck};
@@ -22,12 +22,12 @@ fn policy(route: Route, replicas: usize, config: &PlannerConfig) -> Option<Box<d
 
 /// For every measured route the simulator models: its prefill on `steps` against the engine's,
 /// with the simulator's published model (one request at a time per replica: "blocks") and with
-/// the engine's `slots` ("slots").
+/// the engine's slots ("slots").
 pub fn check(
     steps: &[Vec<Vec<u32>>],
     measured: &[RouteFigures],
     replicas: usize,
-    slots: usize,
+    slots: Slots,
     cache_blocks: usize,
     config: &PlannerConfig,
 ) -> Vec<SimulatorCheck> {
@@ -39,7 +39,11 @@ pub fn check(
     measured
         .iter()
         .flat_map(|figures| {
-            [("blocks", 1), ("slots", slots)]
+            let one = Slots {
+                per_replica: 1,
+                overhead_tokens: 0,
+            };
+            [("blocks", one), ("slots", slots)]
                 .into_iter()
                 .filter_map(move |(model, slots)| {
                     let mut policy = policy(figures.route, replicas, config)?;

@@ -13,6 +13,7 @@ use burst_prefix_engine_bench::report::{Report, RouteFigures, Setup, WorkloadRep
 use burst_prefix_engine_bench::run::{client, planner_has_memory, run, Route, RunOptions};
 use burst_prefix_engine_bench::workloads::{bench_workloads, fold_into_vocabulary};
 use burst_prefix_engine_bench::{chart, check};
+use burst_prefix_simulator::simulate::Slots;
 use clap::Parser;
 
 /// Runs the engine bench and writes engine-bench.md, .json and .svg to --out-dir.
@@ -59,6 +60,10 @@ struct Args {
     /// Pause between a step's last answer and the next step, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pause_between_steps_ms: u64,
+    /// The simulator's cost of a request besides its prefill (decoding --max-tokens, HTTP), in
+    /// prefill-token equivalents: on the tiny model a decoded token takes ~5 prompt tokens' time.
+    #[arg(long, default_value_t = 24)]
+    simulator_overhead_tokens: u64,
     /// The whole bench stops after this many seconds.
     #[arg(long, default_value_t = 1800)]
     time_limit_s: u64,
@@ -186,7 +191,10 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
             &steps,
             &measured.routes,
             args.replicas,
-            args.slots,
+            Slots {
+                per_replica: args.slots,
+                overhead_tokens: args.simulator_overhead_tokens,
+            },
             args.simulator_cache_blocks,
             &planner,
         );

@@ -10,7 +10,7 @@
 //! concurrent sequences): requests computed at the same time on one replica cannot use each
 //! other's blocks, as two slots prefilling the same prompt at once both compute it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use burst_prefix_planner::BlockHash;
 
@@ -92,24 +92,39 @@ pub fn simulate(
     cluster: Cluster,
     policy: &mut dyn Policy,
 ) -> Outcome {
-    simulate_on_slots(steps, cluster, 1, policy)
+    simulate_on_slots(
+        steps,
+        cluster,
+        Slots {
+            per_replica: 1,
+            overhead_tokens: 0,
+        },
+        policy,
+    )
 }
 
-/// [`simulate`] on replicas that each compute `slots` requests at once. A step's requests on a
-/// replica are taken in arrival order by the first free slot, as if they took equally long: the
-/// i-th one starts when the (i - slots)-th ends, so it sees the blocks of requests up to that
-/// one (and of every earlier step) but not of the `slots - 1` computed beside it. One slot is
-/// [`simulate`].
+/// An engine's slots: how many requests a replica computes at once, and what a request costs
+/// besides its prefill (decoding, in prefill-token equivalents), for [`simulate_on_slots`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    pub per_replica: usize,
+    pub overhead_tokens: u64,
+}
+
+/// [`simulate`] on replicas whose slots compute requests side by side. Within a step, each
+/// replica takes its requests in arrival order, each on the slot that frees first; a request
+/// takes its prefilled tokens plus the overhead, in token time. It sees the blocks of the
+/// requests that finished by the time it starts (and of every earlier step), not of those still
+/// computing on the other slots: llama.cpp, for one, shares no KV cache between slots in flight.
+/// One slot is [`simulate`].
 pub fn simulate_on_slots(
     steps: &[Vec<HashedRequest>],
     cluster: Cluster,
-    slots: usize,
+    slots: Slots,
     policy: &mut dyn Policy,
 ) -> Outcome {
-    assert!(slots >= 1, "a replica has at least one slot");
+    assert!(slots.per_replica >= 1, "a replica has at least one slot");
     let mut caches = vec![BlockCache::new(cluster.cache_blocks); cluster.replicas];
-    // Per replica, the requests still being computed (their blocks not yet in the cache).
-    let mut computing: Vec<VecDeque<&[BlockHash]>> = vec![VecDeque::new(); cluster.replicas];
     let mut outcome = Outcome {
         policy: policy.name(),
         prefill_tokens: 0,
@@ -129,24 +144,40 @@ pub fn simulate_on_slots(
         );
         let mut work = vec![0u64; cluster.replicas];
         let mut hits = Vec::with_capacity(step.len());
-        for (request, &replica) in step.iter().zip(&routes) {
+        // Per replica: when each slot frees, and the requests still computing, by (finish, order).
+        let mut free_at = vec![vec![0u64; slots.per_replica]; cluster.replicas];
+        let mut computing: Vec<BTreeMap<(u64, usize), &[BlockHash]>> =
+            vec![BTreeMap::new(); cluster.replicas];
+        for (order, (request, &replica)) in step.iter().zip(&routes).enumerate() {
             assert!(
                 replica < cluster.replicas,
                 "{} chose replica {replica}",
                 policy.name()
             );
             let cache = &mut caches[replica];
-            while computing[replica].len() >= slots {
-                cache.touch(computing[replica].pop_front().expect("not empty"));
+            let (slot, start) = free_at[replica]
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by_key(|&(slot, at)| (at, slot))
+                .expect("at least one slot");
+            while let Some(entry) = computing[replica].first_entry() {
+                if entry.key().0 > start {
+                    break;
+                }
+                cache.touch(entry.remove());
             }
             let held = cache.prefix_hits(&request.blocks);
-            work[replica] += request.block_tokens[held..].iter().sum::<u64>();
-            computing[replica].push_back(&request.blocks);
+            let prefilled = request.block_tokens[held..].iter().sum::<u64>();
+            work[replica] += prefilled;
+            let finish = start + prefilled + slots.overhead_tokens;
+            free_at[replica][slot] = finish;
+            computing[replica].insert((finish, order), &request.blocks);
             hits.push(held);
         }
         // The step ends when all its requests are done.
         for (cache, done) in caches.iter_mut().zip(&mut computing) {
-            for blocks in done.drain(..) {
+            for blocks in std::mem::take(done).into_values() {
                 cache.touch(blocks);
             }
         }
