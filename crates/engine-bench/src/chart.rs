@@ -137,3 +137,58 @@ fn bars(
         .draw()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Setup;
+
+    #[test]
+    fn draws_a_bar_per_route_and_workload() {
+        let figures = |route: Route, computed: u64, ttft: f64| RouteFigures {
+            route,
+            name: route.name(),
+            computed_tokens: computed,
+            ttft_p50_ms: ttft,
+            ttft_p99_ms: ttft,
+            wall_ms: 1.0,
+            imbalance: 1.0,
+        };
+        let report = Report {
+            setup: Setup {
+                replicas: 4,
+                slots: 2,
+                threads: 1,
+                cache_ram_mib: 1,
+                max_tokens: 1,
+                seed: 1,
+                model: "tiny".into(),
+                engine: "b1".into(),
+                planner: String::new(),
+            },
+            workloads: vec![WorkloadReport {
+                workload: "grpo".into(),
+                steps: 1,
+                requests: 2,
+                prompt_tokens: 10,
+                lower_bound_tokens: 100,
+                routes: vec![
+                    figures(Route::RoundRobin, 300, 200.0),
+                    figures(Route::ProxyMemoryOff, 175, 100.0),
+                ],
+                not_run: Vec::new(),
+                simulator: Vec::new(),
+            }],
+        };
+        let svg = svg(&report).unwrap();
+        assert!(svg.starts_with("<svg"));
+        for text in ["grpo", "3.00", "1.75", "0.50", "proxy, memory off"] {
+            assert!(svg.contains(text), "missing {text}");
+        }
+        let markdown = report.to_markdown();
+        assert!(
+            markdown.contains("| proxy, memory off | 175 | 1.750 | 0.583 | 100 (0.50) |"),
+            "{markdown}"
+        );
+    }
+}

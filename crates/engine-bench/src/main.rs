@@ -172,6 +172,15 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
             let record = run(route, &steps, &engine, &options)
                 .await
                 .with_context(|| format!("{} through {}", workload.name(), route.name()))?;
+            if route == Route::ProxyMemoryOn && record.memory_in_use == Some(false) {
+                measured.not_run.push((
+                    route,
+                    "not yet: the config has memory, but the producer exports no \
+                     burst_prefix_memory_blocks (memory not wired into it)"
+                        .into(),
+                ));
+                continue;
+            }
             let figures = RouteFigures::new(&record, args.replicas);
             eprintln!(
                 "{} / {}: {} computed tokens, TTFT p50 {:.0} ms, {:.1} s",

@@ -102,6 +102,9 @@ pub struct RunRecord {
     pub requests: Vec<RequestRecord>,
     /// Per step: from its first request sent to its last answer.
     pub step_wall_ms: Vec<f64>,
+    /// Through the proxy: whether it exported the memory model's size
+    /// (`burst_prefix_memory_blocks`), i.e. the producer really placed with memory.
+    pub memory_in_use: Option<bool>,
 }
 
 /// Where one request goes: a replica (direct), or the proxy.
@@ -142,7 +145,16 @@ pub async fn run(
         }
         Route::RoundRobin | Route::LeastLoaded => None,
     };
-    let result = run_steps(route, steps, &replicas, proxy.as_ref(), options, client).await;
+    let mut result = run_steps(route, steps, &replicas, proxy.as_ref(), options, client).await;
+    if let (Ok(record), Some(proxy)) = (&mut result, &proxy) {
+        record.memory_in_use = Some(
+            proxy
+                .producer
+                .metrics
+                .render()
+                .contains("burst_prefix_memory_blocks"),
+        );
+    }
     if let Some(proxy) = proxy {
         proxy.shutdown(Duration::from_secs(5)).await;
     }
@@ -205,6 +217,7 @@ async fn run_steps(
         route,
         requests: Vec::new(),
         step_wall_ms: Vec::new(),
+        memory_in_use: None,
     };
     for (index, step) in steps.iter().enumerate() {
         let targets: Vec<Target> = match route {
