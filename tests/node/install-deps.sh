@@ -2,14 +2,15 @@
 # Installs the node's parts that come from Debian's packages (`make node-deps`, run by `make test`):
 # runc (the OCI runtime containerd starts), the CNI plugins (bridge, host-local, loopback, portmap),
 # iptables (kube-proxy's mode), conntrack (kube-proxy clears stale UDP entries with it), umoci
-# (builds the images without a Docker engine), and gcc + libc6-dev (the pause binary, static).
+# (builds the images without a Docker engine), gcc + libc6-dev (the pause binary, static), and
+# iproute2, jq and curl (the node's network, the image builder and the end-to-end steps).
 #
 # A no-op when all of them are installed; otherwise `apt-get install` (CI runs as root on a fresh
 # machine). containerd itself is built from its Go module by tests/control-plane/build.sh: Debian
 # 12's 1.6 is older than the kubelet accepts.
 set -euo pipefail
 
-packages=(runc containernetworking-plugins iptables conntrack umoci gcc libc6-dev iproute2)
+packages=(runc containernetworking-plugins iptables conntrack umoci gcc libc6-dev iproute2 jq curl)
 
 missing=()
 for package in "${packages[@]}"; do
