@@ -5,8 +5,12 @@
 //! replica's cache are free (whether cached before the step or prefilled earlier in the same step
 //! on that replica), the rest are prefilled, and then all its blocks are touched in the cache.
 //! A replica's *work* in a step is the tokens it prefilled in that step.
+//!
+//! [`simulate_on_slots`] also models an engine's slots (llama.cpp's `--parallel`, vLLM's
+//! concurrent sequences): requests computed at the same time on one replica cannot use each
+//! other's blocks, as two slots prefilling the same prompt at once both compute it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use burst_prefix_planner::BlockHash;
 
@@ -88,7 +92,24 @@ pub fn simulate(
     cluster: Cluster,
     policy: &mut dyn Policy,
 ) -> Outcome {
+    simulate_on_slots(steps, cluster, 1, policy)
+}
+
+/// [`simulate`] on replicas that each compute `slots` requests at once. A step's requests on a
+/// replica are taken in arrival order by the first free slot, as if they took equally long: the
+/// i-th one starts when the (i - slots)-th ends, so it sees the blocks of requests up to that
+/// one (and of every earlier step) but not of the `slots - 1` computed beside it. One slot is
+/// [`simulate`].
+pub fn simulate_on_slots(
+    steps: &[Vec<HashedRequest>],
+    cluster: Cluster,
+    slots: usize,
+    policy: &mut dyn Policy,
+) -> Outcome {
+    assert!(slots >= 1, "a replica has at least one slot");
     let mut caches = vec![BlockCache::new(cluster.cache_blocks); cluster.replicas];
+    // Per replica, the requests still being computed (their blocks not yet in the cache).
+    let mut computing: Vec<VecDeque<&[BlockHash]>> = vec![VecDeque::new(); cluster.replicas];
     let mut outcome = Outcome {
         policy: policy.name(),
         prefill_tokens: 0,
@@ -115,10 +136,19 @@ pub fn simulate(
                 policy.name()
             );
             let cache = &mut caches[replica];
+            while computing[replica].len() >= slots {
+                cache.touch(computing[replica].pop_front().expect("not empty"));
+            }
             let held = cache.prefix_hits(&request.blocks);
             work[replica] += request.block_tokens[held..].iter().sum::<u64>();
-            cache.touch(&request.blocks);
+            computing[replica].push_back(&request.blocks);
             hits.push(held);
+        }
+        // The step ends when all its requests are done.
+        for (cache, done) in caches.iter_mut().zip(&mut computing) {
+            for blocks in done.drain(..) {
+                cache.touch(blocks);
+            }
         }
         outcome.prefill_tokens += work.iter().sum::<u64>();
         outcome.step_time_tokens += work.iter().copied().max().unwrap_or(0);

@@ -161,3 +161,43 @@ fn on_a_grpo_burst_burst_prefills_less_than_round_robin() {
     assert_eq!(ours.prefill_tokens, lower_bound(&steps));
     assert_eq!(ours.colocation_rate(), Some(1.0));
 }
+
+#[test]
+fn slots_compute_copies_at_the_same_time_and_later_ones_reuse_them() {
+    // Five copies on one replica with two slots: the first two are computed side by side (both
+    // prefill), the third starts when the first ends and reuses it, and so on.
+    let steps = vec![vec![three_blocks(1); 5], vec![three_blocks(1); 2]];
+    let one = cluster(1, 100);
+    let fixed = || Fixed(vec![vec![0; 5], vec![0; 2]]);
+    assert_eq!(simulate(&steps, one, &mut fixed()).prefill_tokens, 12);
+    assert_eq!(
+        simulate_on_slots(&steps, one, 1, &mut fixed()).prefill_tokens,
+        12
+    );
+    // Step 0: 2 x 12; step 1: cached from step 0.
+    assert_eq!(
+        simulate_on_slots(&steps, one, 2, &mut fixed()).prefill_tokens,
+        24
+    );
+    // As many slots as copies: every copy prefills.
+    assert_eq!(
+        simulate_on_slots(&steps, one, 5, &mut fixed()).prefill_tokens,
+        60
+    );
+}
+
+#[test]
+fn one_slot_is_the_plain_simulation() {
+    let workload = Workload::Grpo(Grpo {
+        steps: 3,
+        prompts: 6,
+        samples: 4,
+        shared_prefix_tokens: 8,
+        min_tokens: 5,
+        max_tokens: 30,
+    });
+    let steps = hash_steps(&workload.generate(5), BlockSpec::new(BLOCK, 0));
+    let plain = simulate(&steps, cluster(3, 20), &mut RoundRobin::new(3));
+    let slots = simulate_on_slots(&steps, cluster(3, 20), 1, &mut RoundRobin::new(3));
+    assert_eq!(plain, slots);
+}
