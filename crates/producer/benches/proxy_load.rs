@@ -138,7 +138,10 @@ async fn send(client: &reqwest::Client, target: &Target, body: Bytes) -> Option<
         chunk.ok()?;
         first.get_or_insert_with(|| sent.elapsed().as_secs_f64() * 1e3);
     }
-    Some((sent.elapsed().as_secs_f64() * 1e3, first.unwrap_or(f64::NAN)))
+    Some((
+        sent.elapsed().as_secs_f64() * 1e3,
+        first.unwrap_or(f64::NAN),
+    ))
 }
 
 /// Open loop: requests leave on schedule whatever the answers do. Returns the samples and the
@@ -161,7 +164,9 @@ async fn open_loop(
         while tasks.len() < due {
             let (client, target) = (client.clone(), target.clone());
             let body = bodies[tasks.len() % bodies.len()].clone();
-            tasks.push(tokio::spawn(async move { send(&client, &target, body).await }));
+            tasks.push(tokio::spawn(
+                async move { send(&client, &target, body).await },
+            ));
         }
     }
     let mut samples = Vec::with_capacity(total);
@@ -203,7 +208,11 @@ async fn start_noop_proxy(upstreams: Vec<String>) -> String {
         response
     }
     let noop = Noop {
-        client: reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().unwrap(),
+        client: reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .build()
+            .unwrap(),
         upstreams: Arc::new(upstreams),
         next: Arc::default(),
     };
@@ -220,7 +229,10 @@ async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
     let producer = Producer::new(ConfigSource::Demo, Limits::default());
     let mut yaml = format!("windowDurationMs: {window_ms}\nmaxBatchSize: -1\nendpoints:\n");
     for (i, stub) in stubs.iter().enumerate() {
-        yaml.push_str(&format!("  - {{id: bench/e{i}, address: '{}'}}\n", stub.addr()));
+        yaml.push_str(&format!(
+            "  - {{id: bench/e{i}, address: '{}'}}\n",
+            stub.addr()
+        ));
     }
     producer.store.apply_text(&yaml).unwrap();
     Service::on_loopback(producer, ProxyConfig::default())

@@ -83,7 +83,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "BURST_PREFIX_SHUTDOWN_TIMEOUT_MS",
-        default_value_t = 10_000
+        default_value_t = burst_prefix_runtime::producer::DEFAULT_SHUTDOWN_TIMEOUT_MS
     )]
     pub shutdown_timeout_ms: u64,
     #[command(flatten)]

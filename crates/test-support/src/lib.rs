@@ -24,13 +24,17 @@ mod binaries;
 mod certs;
 mod control_plane;
 mod kubeconfig;
+pub mod node;
 mod process;
 mod tokens;
 
 use std::path::PathBuf;
 
 pub use binaries::{Binaries, BIN_DIR_ENV};
-pub use control_plane::{ControlPlane, Options};
+pub use control_plane::{
+    ControlPlane, InCluster, Options, KUBERNETES_SERVICE_IP, SERVICE_CLUSTER_IP_RANGE,
+};
+pub use node::{Node, NodeOptions};
 pub use tokens::TokenUser;
 
 /// Why the control plane could not be started or used.
@@ -60,10 +64,14 @@ pub enum Error {
         reason: String,
         logs: String,
     },
+
+    /// The node (crate::node) could not be set up, or did not become ready.
+    #[error("the node did not start: {reason}\n{logs}")]
+    Node { reason: String, logs: String },
 }
 
 impl Error {
-    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             what: what.into(),
             source,
