@@ -12,7 +12,9 @@
 //!    a window seals when its groups are complete), and with a 1 ms window and no hints (the
 //!    stack's overhead with a window that never waits long).
 //! 2. Time to first byte of a streaming completion (SSE), at `--stream-rate`: direct, no-op
-//!    proxy, producer proxy with hints.
+//!    proxy, producer proxy with a 1 ms window and with hints.
+//! 3. Isolated bursts (`--bursts`): 6 prompts x 8 samples sent at once, hinted, one after the
+//!    other: the wait of a burst that arrives within a few ms, against the stubs called directly.
 //!
 //! Run: `cargo bench -p burst-prefix-producer --bench proxy_load [-- --rate 2000 --seconds 10]`
 
@@ -45,6 +47,7 @@ struct Options {
     stream_seconds: f64,
     window_ms: u64,
     prompt_kib: usize,
+    bursts: usize,
 }
 
 fn options() -> Options {
@@ -55,6 +58,7 @@ fn options() -> Options {
         stream_seconds: 5.0,
         window_ms: 100,
         prompt_kib: 4,
+        bursts: 100,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -69,6 +73,7 @@ fn options() -> Options {
             }
             "--window-ms" => options.window_ms = value().parse().expect("--window-ms MS"),
             "--prompt-kib" => options.prompt_kib = value().parse().expect("--prompt-kib K"),
+            "--bursts" => options.bursts = value().parse().expect("--bursts N"),
             "--bench" => {
                 i += 1;
                 continue;
@@ -295,6 +300,7 @@ fn main() {
         for (name, target) in [
             ("direct to the stubs", &direct),
             ("no-op proxy (no window)", &noop),
+            ("producer proxy, window 1 ms, no hints", &fast),
             (&*format!("producer proxy, hints, window {} ms", options.window_ms), &hinted),
         ] {
             let (samples, failed) = open_loop(
@@ -308,6 +314,38 @@ fn main() {
             println!("{}", summary(name, samples.iter().map(|s| s.1).collect()));
             assert_eq!(failed, 0, "{name}: {failed} requests failed");
         }
+        println!(
+            "\nIsolated bursts: {} bursts of 6 prompts x 8 samples, each burst's 48 requests sent at once \
+             (hinted: x-burst-prefix-group-size 8), the next burst after the last answer + 20 ms. \
+             Round trip (ms):\n",
+            options.bursts
+        );
+        println!("| path | samples | p50 | p99 | p99.9 | max |\n|---|---|---|---|---|---|");
+        let mut spreads = Vec::new();
+        for (name, target) in [
+            ("direct to the stubs", &direct),
+            (&*format!("producer proxy, hints, window {} ms", options.window_ms), &hinted),
+        ] {
+            let mut samples = Vec::new();
+            for burst in 0..options.bursts {
+                let first = Instant::now();
+                let tasks: Vec<_> = (0..48)
+                    .map(|i| {
+                        let (client, target) = (client.clone(), target.clone());
+                        // Distinct prompts per burst, so that no burst rides on the last one's groups.
+                        let body = plain[((burst * 6) % 64) * 8 + i].clone();
+                        tokio::spawn(async move { send(&client, &target, body).await })
+                    })
+                    .collect();
+                spreads.push(first.elapsed().as_secs_f64() * 1e3);
+                for task in tasks {
+                    samples.push(task.await.unwrap().expect("a burst request failed").0);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            println!("{}", summary(name, samples));
+        }
+        println!("{}", summary("(time to spawn a burst's 48 sends)", spreads));
         let metrics = hinted_proxy.producer.metrics.render();
         let sealed: Vec<&str> = metrics
             .lines()
