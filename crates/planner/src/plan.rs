@@ -8,8 +8,9 @@
 //! spilling to the next least-loaded one.
 //!
 //! With [`Memory`], a replica also holds what its cache model remembers from earlier windows,
-//! singles whose prefix a model holds are placed too (warm singles), the prefix preference
-//! applies from one block on, and each replica starts the window with the load it carries over.
+//! singles whose prefix a model holds are placed too (warm singles), N counts as at least 1
+//! (for single units and the prefix preference), and each replica starts the window with the
+//! load it carries over.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -100,6 +101,20 @@ impl HeldPrefixes {
             Some(&list) if list != NO_LIST => &self.lists[list as usize],
             _ => &[],
         }
+    }
+
+    /// The list request `request` shares with the rest of its unit, if any: an index into
+    /// [`HeldPrefixes::lists`].
+    pub fn list_of(&self, request: usize) -> Option<usize> {
+        match self.list_of.get(request) {
+            Some(&list) if list != NO_LIST => Some(list as usize),
+            _ => None,
+        }
+    }
+
+    /// Every distinct list.
+    pub fn lists(&self) -> &[Vec<(usize, usize)>] {
+        &self.lists
     }
 
     /// The leading blocks of request `request` that `replica` held.
@@ -229,7 +244,10 @@ fn plan(
         Some(_) => Some(n.max(1)),
         None => (n > 0).then_some(n),
     };
-    let units = form_units(batch, n, |blocks| {
+    // With memory, N counts as at least 1 for single units too: requests sharing their first
+    // block (a system prompt) are placed, so that their next turns find them remembered.
+    let unit_n = if recall.is_some() { n.max(1) } else { n };
+    let units = form_units(batch, unit_n, |blocks| {
         recall.is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
     });
     let count = |kind| units.iter().filter(|u| u.kind == kind).count();

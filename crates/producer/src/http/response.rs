@@ -1,5 +1,6 @@
 //! What a `POST /v1/produce` request gets back (SPEC §5): per candidate endpoint, the blocks it
-//! matches (all of them on the assigned replica, none elsewhere) and the score.
+//! matches (all of them on the assigned replica; elsewhere what memory says it holds, else none)
+//! and the score.
 
 use serde::{Deserialize, Serialize};
 
@@ -66,13 +67,10 @@ impl ProduceResponse {
             config
                 .endpoints
                 .iter()
-                .filter(|endpoint| candidates.is_none_or(|ids| ids.contains(&endpoint.id)))
-                .map(|endpoint| {
-                    let matched = if assigned.is_some_and(|a| a.id == endpoint.id) {
-                        total
-                    } else {
-                        0
-                    };
+                .enumerate()
+                .filter(|(_, endpoint)| candidates.is_none_or(|ids| ids.contains(&endpoint.id)))
+                .map(|(index, endpoint)| {
+                    let matched = placement.match_blocks(index);
                     EndpointMatch {
                         endpoint: endpoint.id.clone(),
                         address: endpoint.address.clone(),
@@ -131,6 +129,7 @@ mod tests {
             waited: Duration::from_millis(100),
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(config, 1)),
+            memory: None,
         }
     }
 

@@ -35,6 +35,8 @@ fn burst(replicas: usize) -> Burst {
             min_colocate_blocks: 0,
             balance_by: BalanceBy::Requests,
         },
+        None,
+        1_000,
     )
 }
 
