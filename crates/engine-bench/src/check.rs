@@ -14,7 +14,12 @@ fn policy(route: Route, replicas: usize, config: &PlannerConfig) -> Option<Box<d
     match route {
         Route::RoundRobin => Some(Box::new(RoundRobin::new(replicas))),
         Route::LeastLoaded => Some(Box::new(LeastLoaded::new(replicas))),
-        Route::ProxyMemoryOff => Some(Box::new(Burst::new(replicas, config.plan_params()))),
+        Route::ProxyMemoryOff => Some(Box::new(Burst::new(
+            replicas,
+            config.plan_params(),
+            None,
+            0,
+        ))),
         // The simulator's memory policy arrives with the planner's memory (SPEC §7).
         Route::ProxyMemoryOn => None,
     }
