@@ -143,7 +143,7 @@ log "the producer is Ready and its ConfigMap lists the 3 stub pods"
 # --- 3. a burst -----------------------------------------------------------------------------------
 # kubectl proxy: the API server's service proxy with the kubeconfig's credentials, whatever they
 # are (a token here, client certificates on kind).
-k proxy --port=0 >"$work/proxy.log" 2>&1 &
+"$kubectl" proxy --port=0 >"$work/proxy.log" 2>&1 &
 proxy_pid=$!
 eventually 20 "kubectl proxy did not start" grep -q 'Starting to serve on' "$work/proxy.log"
 proxy="http://$(sed -n 's/^Starting to serve on //p' "$work/proxy.log")"

@@ -197,6 +197,8 @@ impl ControlPlane {
                 ),
                 "--authorization-mode=Node,RBAC".into(),
                 "--enable-admission-plugins=NodeRestriction".into(),
+                // The node's name resolves nowhere (no DNS in the test's network): its address.
+                "--kubelet-preferred-address-types=InternalIP".into(),
             ]),
         }
 

@@ -21,8 +21,10 @@ use std::ffi::{CString, OsString};
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -102,6 +104,7 @@ pub fn enter_namespaces() -> Result<(), Error> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {dir}"), e))?;
         run(Command::new("mount").args(["-t", "tmpfs", "tmpfs", dir]))?;
     }
+    IN_OWN_NAMESPACES.store(true, Ordering::SeqCst);
     run(Command::new("ip").args(["link", "set", "lo", "up"]))
 }
 
@@ -262,6 +265,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 
 [plugins."io.containerd.cri.v1.runtime"]
   netns_mounts_under_state_dir = true
+  # These machines withhold CAP_SYS_RESOURCE even from root, so no process may lower its
+  # oom_score_adj: the kubelet asks -998 for every sandbox, which runc could not set.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = [{cni_bin}]
     conf_dir = {cni_conf}
@@ -428,6 +434,8 @@ resolvConf: {resolv}
 clusterDomain: cluster.local
 podLogsDir: {pod_logs}
 failSwapOn: false
+# Its default, -999, needs CAP_SYS_RESOURCE, which these machines withhold even from root.
+oomScoreAdj: 0
 # The test's pods are tiny; the machine's disk and memory are not the node's to judge.
 evictionHard: {{memory.available: "1%", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
 imageGCHighThresholdPercent: 100
@@ -467,6 +475,8 @@ kind: KubeProxyConfiguration
 clientConnection:
   kubeconfig: {kubeconfig}
 mode: iptables
+# Its default, -999, needs CAP_SYS_RESOURCE, which these machines withhold even from root.
+oomScoreAdj: 0
 clusterCIDR: {cluster_cidr}
 hostnameOverride: {node}
 healthzBindAddress: 127.0.0.1:10256
@@ -618,7 +628,10 @@ impl Cgroups {
             .arg(name)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            // Out of the test's process group: a signal to the group (timeout(1), Ctrl-C) must
+            // not take the watchdog with it.
+            .process_group(0);
         let mut child = command
             .spawn()
             .map_err(|e| Error::io("starting the cgroup watchdog", e))?;
@@ -758,21 +771,21 @@ fn unmount_under(dir: &Path) {
     }
 }
 
+/// Set by [`enter_namespaces`]: this process has network and mount namespaces of its own.
+static IN_OWN_NAMESPACES: AtomicBool = AtomicBool::new(false);
+
 /// Refuses to touch the network unless this process has a network namespace of its own.
 fn ensure_own_network_namespace() -> Result<(), Error> {
-    let ours = fs::read_link("/proc/self/ns/net")
-        .map_err(|e| Error::io("reading /proc/self/ns/net", e))?;
-    let init =
-        fs::read_link("/proc/1/ns/net").map_err(|e| Error::io("reading /proc/1/ns/net", e))?;
-    if ours == init {
-        return Err(Error::Node {
-            reason: "the node needs a network namespace of its own: call \
+    if IN_OWN_NAMESPACES.load(Ordering::SeqCst) {
+        Ok(())
+    } else {
+        Err(Error::Node {
+            reason: "the node needs network and mount namespaces of its own: call \
                      node::enter_namespaces() first in main"
                 .into(),
             logs: String::new(),
-        });
+        })
     }
-    Ok(())
 }
 
 /// The bridge with the node's address, forwarding on (pods reach Services through the node),
