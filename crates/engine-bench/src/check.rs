@@ -9,20 +9,22 @@ use burst_prefix_simulator::workload::hash_steps;
 use crate::report::{RouteFigures, SimulatorCheck};
 use crate::run::Route;
 
-/// The simulator's policy for a route, when it has one.
-fn policy(route: Route, replicas: usize, config: &PlannerConfig) -> Option<Box<dyn Policy>> {
+/// The simulator's policy for a route: `burst-nomem` for memory off, `burst` (the memory of
+/// `config`, its clock advanced by `step_ms` a step) for memory on.
+fn policy(route: Route, replicas: usize, config: &PlannerConfig, step_ms: u64) -> Box<dyn Policy> {
+    let burst = |memory| Box::new(Burst::new(replicas, config.plan_params(), memory, step_ms));
     match route {
-        Route::RoundRobin => Some(Box::new(RoundRobin::new(replicas))),
-        Route::LeastLoaded => Some(Box::new(LeastLoaded::new(replicas))),
-        Route::ProxyMemoryOff => Some(Box::new(Burst::new(replicas, config.plan_params()))),
-        // The simulator's memory policy arrives with the planner's memory (SPEC §7).
-        Route::ProxyMemoryOn => None,
+        Route::RoundRobin => Box::new(RoundRobin::new(replicas)),
+        Route::LeastLoaded => Box::new(LeastLoaded::new(replicas)),
+        Route::ProxyMemoryOff => burst(None),
+        Route::ProxyMemoryOn => burst(config.memory_settings()),
     }
 }
 
-/// For every measured route the simulator models: its prefill on `steps` against the engine's,
-/// with the simulator's published model (one request at a time per replica: "blocks") and with
-/// the engine's slots ("slots").
+/// For every measured route: the simulator's prefill on `steps` against the engine's, with the
+/// simulator's published model (one request at a time per replica: "blocks") and with the
+/// engine's slots ("slots"). `config` is the memory-on proxy's; a step lasts what the route's
+/// steps took on average plus `pause_ms`, so the memory's load decays as the proxy's did.
 pub fn check(
     steps: &[Vec<Vec<u32>>],
     measured: &[RouteFigures],
@@ -30,6 +32,7 @@ pub fn check(
     slots: Slots,
     cache_blocks: usize,
     config: &PlannerConfig,
+    pause_ms: u64,
 ) -> Vec<SimulatorCheck> {
     let hashed = &hash_steps(steps, config.block_spec());
     let cluster = Cluster {
@@ -45,15 +48,16 @@ pub fn check(
             };
             [("blocks", one), ("slots", slots)]
                 .into_iter()
-                .filter_map(move |(model, slots)| {
-                    let mut policy = policy(figures.route, replicas, config)?;
+                .map(move |(model, slots)| {
+                    let step_ms = (figures.wall_ms / steps.len().max(1) as f64) as u64 + pause_ms;
+                    let mut policy = policy(figures.route, replicas, config, step_ms);
                     let outcome = simulate_on_slots(hashed, cluster, slots, policy.as_mut());
-                    Some(SimulatorCheck {
+                    SimulatorCheck {
                         route: figures.route,
                         model,
                         simulated_tokens: outcome.prefill_tokens,
                         measured_tokens: figures.computed_tokens,
-                    })
+                    }
                 })
         })
         .collect()
