@@ -62,3 +62,73 @@ pub fn check(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burst_prefix_api::ProducerConfig;
+
+    fn figures(route: Route) -> RouteFigures {
+        RouteFigures {
+            route,
+            name: route.name(),
+            computed_tokens: 1_000,
+            ttft_p50_ms: 1.0,
+            ttft_p99_ms: 1.0,
+            wall_ms: 1_000.0,
+            imbalance: 1.0,
+        }
+    }
+
+    #[test]
+    fn memory_on_is_simulated_with_memory() {
+        // Two sessions on 2 replicas, each resending its 8-block history plus one new block:
+        // with memory the second turn goes where its history is, without it the planner
+        // balances afresh and may swap them.
+        let session = |seed: u32, blocks: u32| -> Vec<u32> {
+            (0..blocks * 64).map(|i| seed * 100_000 + i).collect()
+        };
+        let steps: Vec<Vec<Vec<u32>>> = (8..12)
+            .map(|blocks| vec![session(1, blocks), session(2, blocks + 2)])
+            .collect();
+        let config = ProducerConfig::from_yaml(
+            "blockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: true}\nendpoints: []\n",
+        )
+        .unwrap()
+        .planner;
+        let slots = Slots {
+            per_replica: 1,
+            overhead_tokens: 0,
+        };
+        let checks = check(
+            &steps,
+            &[
+                figures(Route::ProxyMemoryOff),
+                figures(Route::ProxyMemoryOn),
+            ],
+            2,
+            slots,
+            1_000,
+            &config,
+            0,
+        );
+        assert_eq!(checks.len(), 4, "both routes, both models");
+        let simulated = |route, model| {
+            checks
+                .iter()
+                .find(|c| c.route == route && c.model == model)
+                .unwrap()
+                .simulated_tokens
+        };
+        let first_turns = (8 * 64 + 10 * 64) as u64;
+        let new_blocks = 6 * 64;
+        assert_eq!(
+            simulated(Route::ProxyMemoryOn, "blocks"),
+            first_turns + new_blocks,
+            "with memory, every later turn computes only its new block"
+        );
+        assert!(
+            simulated(Route::ProxyMemoryOff, "blocks") >= simulated(Route::ProxyMemoryOn, "blocks")
+        );
+    }
+}

@@ -355,6 +355,30 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_routes_set_memory_explicitly() {
+        let options = RunOptions {
+            replicas: 2,
+            max_tokens: 1,
+            planner_yaml: "windowDurationMs: 50\nblockSizeTokens: 64\n".into(),
+            cache_tokens_per_replica: 6_400,
+            load_half_life_ms: 2_000,
+            request_timeout: Duration::from_secs(1),
+            pause_between_steps: Duration::ZERO,
+        };
+        let planner = |memory| {
+            let yaml = format!("{}endpoints: []\n", proxy_planner_yaml(&options, memory));
+            burst_prefix_api::ProducerConfig::from_yaml(&yaml)
+                .unwrap()
+                .planner
+        };
+        assert_eq!(planner(false).memory_settings(), None);
+        let on = planner(true).memory_settings().unwrap();
+        assert_eq!(on.capacity_blocks.get(), 100);
+        assert_eq!(on.load_half_life_ms, 2_000);
+        assert_eq!(planner(true).window_duration_ms, 50);
+    }
+
+    #[test]
     fn endpoint_ids_round_trip() {
         assert_eq!(replica_of_endpoint(&endpoint_id(12)), Some(12));
         assert_eq!(replica_of_endpoint("other/r1"), None);
