@@ -176,7 +176,6 @@ mod tests {
                     figures(Route::RoundRobin, 300, 200.0),
                     figures(Route::ProxyMemoryOff, 175, 100.0),
                 ],
-                not_run: Vec::new(),
                 simulator: Vec::new(),
             }],
         };

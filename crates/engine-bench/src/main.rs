@@ -10,7 +10,7 @@ use burst_prefix_api::ProducerConfig;
 use burst_prefix_engine_bench::bound::lower_bound_per_step;
 use burst_prefix_engine_bench::engine::{start_replicas, stop_replicas, EngineOptions};
 use burst_prefix_engine_bench::report::{Report, RouteFigures, Setup, WorkloadReport};
-use burst_prefix_engine_bench::run::{client, planner_has_memory, run, Route, RunOptions};
+use burst_prefix_engine_bench::run::{client, proxy_planner_yaml, run, Route, RunOptions};
 use burst_prefix_engine_bench::workloads::{bench_workloads, fold_into_vocabulary};
 use burst_prefix_engine_bench::{chart, check};
 use burst_prefix_simulator::simulate::Slots;
@@ -54,9 +54,19 @@ struct Args {
         default_value = "windowDurationMs: 100\nmaxBatchSize: -1\nbalanceBy: tokens\nblockSizeTokens: 64\n"
     )]
     planner_yaml: String,
-    /// The simulator's cache per replica, in blocks (the engine's host cache holds far more).
+    /// memory.cacheTokensPerReplica of the memory-on proxy, and the simulator's cache per
+    /// replica: the prompt tokens one replica keeps. Default: its KV cache (--slots x
+    /// --ctx-per-slot) plus its host prompt cache (--cache-ram / --kv-bytes-per-token), which
+    /// llama-server restores prompts from (it logs "limits: 1024 MiB, 8192 tokens, 261370 est"
+    /// and keeps 16 prompts of 1,000 tokens, past its 8,192-token figure).
+    #[arg(long)]
+    cache_tokens_per_replica: Option<u64>,
+    /// A cached prompt token's size: the bench model's 4 layers x 256 wide x (K, V) x 2 bytes.
     #[arg(long, default_value_t = 4096)]
-    simulator_cache_blocks: usize,
+    kv_bytes_per_token: u64,
+    /// memory.loadHalfLifeMs of the memory-on proxy.
+    #[arg(long, default_value_t = 10_000)]
+    load_half_life_ms: u64,
     /// Pause between a step's last answer and the next step, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pause_between_steps_ms: u64,
@@ -102,17 +112,30 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
         cache_ram_mib: args.cache_ram_mib,
         log_dir: args.out_dir.clone(),
     };
-    let planner = ProducerConfig::from_yaml(&format!("{}endpoints: []\n", args.planner_yaml))
-        .map_err(|e| anyhow!("--planner-yaml: {e}"))?
-        .planner;
-    let (vocabulary, engine_version) = probe(&engine, &client()?).await?;
+    let cache_tokens_per_replica = args.cache_tokens_per_replica.unwrap_or(
+        (args.slots * args.ctx_per_slot) as u64
+            + (args.cache_ram_mib as u64 * 1024 * 1024) / args.kv_bytes_per_token.max(1),
+    );
     let options = RunOptions {
         replicas: args.replicas,
         max_tokens: args.max_tokens,
         planner_yaml: args.planner_yaml.clone(),
+        cache_tokens_per_replica,
+        load_half_life_ms: args.load_half_life_ms,
         request_timeout: Duration::from_secs(300),
         pause_between_steps: Duration::from_millis(args.pause_between_steps_ms),
     };
+    // The memory-on proxy's config: the simulator's policies are built from it.
+    let planner = ProducerConfig::from_yaml(&format!(
+        "{}endpoints: []\n",
+        proxy_planner_yaml(&options, true)
+    ))
+    .map_err(|e| anyhow!("--planner-yaml: {e}"))?
+    .planner;
+    let simulator_cache_blocks = planner
+        .memory_settings()
+        .map_or(1, |memory| memory.capacity_blocks.get());
+    let (vocabulary, engine_version) = probe(&engine, &client()?).await?;
     let mut report = Report {
         setup: Setup {
             replicas: args.replicas,
@@ -126,7 +149,12 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
                 args.model.file_name().unwrap_or_default().to_string_lossy()
             ),
             engine: engine_version,
-            planner: args.planner_yaml.trim().replace('\n', ", "),
+            planner: format!(
+                "{}; memory on: cacheTokensPerReplica {cache_tokens_per_replica}, \
+                 loadHalfLifeMs {}",
+                args.planner_yaml.trim().replace('\n', ", "),
+                args.load_half_life_ms
+            ),
         },
         workloads: Vec::new(),
     };
@@ -150,18 +178,9 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
             prompt_tokens: steps.iter().flatten().map(|p| p.len() as u64).sum(),
             lower_bound_tokens: lower_bound_per_step(&steps).iter().sum(),
             routes: Vec::new(),
-            not_run: Vec::new(),
             simulator: Vec::new(),
         };
         for route in Route::ALL {
-            if route == Route::ProxyMemoryOn && !planner_has_memory() {
-                measured.not_run.push((
-                    route,
-                    "not yet: the planner has no memory across windows (SPEC §7, branch planner)"
-                        .into(),
-                ));
-                continue;
-            }
             let started = Instant::now();
             let mut engine = engine.clone();
             engine.log_dir =
@@ -172,14 +191,11 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
             let record = run(route, &steps, &engine, &options)
                 .await
                 .with_context(|| format!("{} through {}", workload.name(), route.name()))?;
-            if route == Route::ProxyMemoryOn && record.memory_in_use == Some(false) {
-                measured.not_run.push((
-                    route,
-                    "not yet: the config has memory, but the producer exports no \
-                     burst_prefix_memory_blocks (memory not wired into it)"
-                        .into(),
-                ));
-                continue;
+            if route == Route::ProxyMemoryOn && record.memory_in_use != Some(true) {
+                bail!(
+                    "{}: the producer exports no burst_prefix_memory_blocks with memory on",
+                    workload.name()
+                );
             }
             let figures = RouteFigures::new(&record, args.replicas);
             eprintln!(
@@ -204,8 +220,9 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
                 per_replica: args.slots,
                 overhead_tokens: args.simulator_overhead_tokens,
             },
-            args.simulator_cache_blocks,
+            simulator_cache_blocks,
             &planner,
+            args.pause_between_steps_ms,
         );
         report.workloads.push(measured);
     }

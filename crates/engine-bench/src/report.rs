@@ -102,8 +102,6 @@ pub struct WorkloadReport {
     /// See [`crate::bound`].
     pub lower_bound_tokens: u64,
     pub routes: Vec<RouteFigures>,
-    /// Routes not run, and why.
-    pub not_run: Vec<(Route, String)>,
     pub simulator: Vec<SimulatorCheck>,
 }
 
@@ -192,9 +190,6 @@ impl Report {
                     vs(r.wall_ms, |rr| rr.wall_ms),
                     r.imbalance,
                 );
-            }
-            for (route, why) in &w.not_run {
-                let _ = writeln!(out, "| {} | {why} | | | | | | |", route.name());
             }
             if !w.simulator.is_empty() {
                 let _ = writeln!(

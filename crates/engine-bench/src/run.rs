@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use burst_prefix_api::PlannerConfig;
 use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::{ProxyConfig, ENDPOINT_HEADER};
@@ -50,14 +49,6 @@ impl Route {
     }
 }
 
-/// Whether this build's planner has memory across windows (SPEC §7): its config then has a
-/// `memory` section.
-pub fn planner_has_memory() -> bool {
-    serde_json::to_value(PlannerConfig::default())
-        .map(|config| config.get("memory").is_some())
-        .unwrap_or(false)
-}
-
 /// The knobs of a run that are not the engine's.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -67,6 +58,10 @@ pub struct RunOptions {
     pub max_tokens: usize,
     /// The proxy's planner config, `endpoints` and `memory` left out (the run adds them).
     pub planner_yaml: String,
+    /// `memory.cacheTokensPerReplica` of the memory-on proxy: what one replica really holds.
+    pub cache_tokens_per_replica: u64,
+    /// `memory.loadHalfLifeMs` of the memory-on proxy.
+    pub load_half_life_ms: u64,
     /// The longest a request may take.
     pub request_timeout: Duration,
     /// Between one step's last answer and the next step (a trainer's update between rollouts).
@@ -135,7 +130,7 @@ pub async fn run(
     let replicas = start_replicas(engine, options.replicas, client).await?;
     let proxy = match route {
         Route::ProxyMemoryOff | Route::ProxyMemoryOn => {
-            match start_proxy(&replicas, route, &options.planner_yaml).await {
+            match start_proxy(&replicas, route, options).await {
                 Ok(proxy) => Some(proxy),
                 Err(error) => {
                     stop_replicas(replicas).await;
@@ -162,20 +157,21 @@ pub async fn run(
     result
 }
 
+/// The planner config of a proxy route, without endpoints: `--planner-yaml` with memory on or
+/// (explicitly) off. The simulator's memory policy is built from the same text.
+pub fn proxy_planner_yaml(options: &RunOptions, memory: bool) -> String {
+    format!(
+        "{}memory:\n  enabled: {memory}\n  cacheTokensPerReplica: {}\n  loadHalfLifeMs: {}\n",
+        options.planner_yaml, options.cache_tokens_per_replica, options.load_half_life_ms
+    )
+}
+
 async fn start_proxy(
     replicas: &[Replica],
     route: Route,
-    planner_yaml: &str,
+    options: &RunOptions,
 ) -> anyhow::Result<Service> {
-    let mut yaml = planner_yaml.to_string();
-    if planner_has_memory() {
-        yaml.push_str(&format!(
-            "memory:\n  enabled: {}\n",
-            route == Route::ProxyMemoryOn
-        ));
-    } else if route == Route::ProxyMemoryOn {
-        bail!("not yet: this build's planner has no memory across windows (SPEC §7)");
-    }
+    let mut yaml = proxy_planner_yaml(options, route == Route::ProxyMemoryOn);
     yaml.push_str("endpoints:\n");
     for replica in replicas {
         yaml.push_str(&format!(
@@ -356,6 +352,30 @@ mod tests {
     fn least_loaded_balances_prompt_tokens_like_the_simulator() {
         let step = vec![vec![1; 12], vec![2; 4], vec![3; 4], vec![4; 4]];
         assert_eq!(least_loaded(&step, 2), vec![0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn the_proxy_routes_set_memory_explicitly() {
+        let options = RunOptions {
+            replicas: 2,
+            max_tokens: 1,
+            planner_yaml: "windowDurationMs: 50\nblockSizeTokens: 64\n".into(),
+            cache_tokens_per_replica: 6_400,
+            load_half_life_ms: 2_000,
+            request_timeout: Duration::from_secs(1),
+            pause_between_steps: Duration::ZERO,
+        };
+        let planner = |memory| {
+            let yaml = format!("{}endpoints: []\n", proxy_planner_yaml(&options, memory));
+            burst_prefix_api::ProducerConfig::from_yaml(&yaml)
+                .unwrap()
+                .planner
+        };
+        assert_eq!(planner(false).memory_settings(), None);
+        let on = planner(true).memory_settings().unwrap();
+        assert_eq!(on.capacity_blocks.get(), 100);
+        assert_eq!(on.load_half_life_ms, 2_000);
+        assert_eq!(planner(true).window_duration_ms, 50);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! engine's vocabulary. The simulator is then run on exactly the folded tokens, so the two see
 //! the same prompts.
 
-use burst_prefix_simulator::workload::{Agentic, Grpo, Multiturn, Tokens, Workload};
+use burst_prefix_simulator::workload::{Agentic, Grpo, Mixed, Multiturn, Tokens, Workload};
 
 /// Token IDs below this are the model's control tokens (`<unk>`, `<s>`, `</s>`), never sent.
 pub const FIRST_ORDINARY_TOKEN: u32 = 3;
@@ -35,6 +35,35 @@ pub fn bench_workloads() -> Vec<Workload> {
             system_prompt_tokens: 1024,
             min_tokens: 64,
             max_tokens: 256,
+        }),
+        // SPEC §7's mixed workload, 2 rounds of 3 windows: chat turns trickling in from 8
+        // sessions (512-token system prompt), a GRPO burst of 4 prompts x 4 samples (128-token
+        // template) in a round's first window and an agent fan-out of 8 (1,024-token system
+        // prompt) in its second.
+        Workload::Mixed(Mixed {
+            rounds: 2,
+            grpo: Grpo {
+                steps: 1,
+                prompts: 4,
+                samples: 4,
+                shared_prefix_tokens: 128,
+                min_tokens: 256,
+                max_tokens: 512,
+            },
+            agentic: Agentic {
+                steps: 1,
+                fanout: 8,
+                system_prompt_tokens: 1024,
+                min_tokens: 64,
+                max_tokens: 256,
+            },
+            multiturn: Multiturn {
+                steps: 1,
+                sessions: 8,
+                system_prompt_tokens: 512,
+                min_tokens: 64,
+                max_tokens: 128,
+            },
         }),
     ]
 }
