@@ -96,8 +96,9 @@ pub struct MemoryConfig {
     #[schemars(range(min = 1))]
     pub cache_tokens_per_replica: i64,
     /// The load a replica got in earlier windows still counts when balancing, halving every
-    /// this many milliseconds, so that remembered prefixes never pile work onto one replica.
-    /// 0 forgets it at once (0..=3600000).
+    /// this many milliseconds (about a request's duration, when windows overlap running work).
+    /// 0, the default, forgets it at once: the fair share on the work still to do keeps
+    /// remembered prefixes from piling work onto one replica (0..=3600000).
     #[serde(default = "default_load_half_life_ms")]
     #[schemars(range(min = 0, max = LOAD_HALF_LIFE_MS_MAX))]
     pub load_half_life_ms: i64,
@@ -121,8 +122,11 @@ fn enabled() -> bool {
 fn default_cache_tokens_per_replica() -> i64 {
     262_144
 }
+/// Off: in the simulator a window's work is done by the next, and the fair share on the work
+/// to do already keeps remembered prefixes from piling up (BENCHMARKS.md); carried load only
+/// cost prefill there. Set it about a request's duration when windows overlap running work.
 fn default_load_half_life_ms() -> i64 {
-    10_000
+    0
 }
 
 impl Default for MemoryConfig {
@@ -357,12 +361,12 @@ mod tests {
             MemoryConfig {
                 enabled: true,
                 cache_tokens_per_replica: 262_144,
-                load_half_life_ms: 10_000
+                load_half_life_ms: 0
             }
         );
         let settings = config.memory_settings().unwrap();
         assert_eq!(settings.capacity_blocks.get(), 4096);
-        assert_eq!(settings.load_half_life_ms, 10_000);
+        assert_eq!(settings.load_half_life_ms, 0);
         config.validate().unwrap();
     }
 

@@ -274,7 +274,7 @@ fn plan(
     let mut placer = Placer::new(
         replicas,
         params,
-        max_share(&units, &carried, params, recall.is_some()),
+        max_share(&units, &carried, params, recall),
         prefer_from,
         carried,
         recall,
@@ -342,6 +342,8 @@ struct Unit<'a> {
     /// Batch indices, in arrival order.
     members: Vec<usize>,
     kind: UnitKind,
+    /// A replica's cache model holds its leading blocks (with memory only).
+    remembered: bool,
 }
 
 /// Steps 1-3: group identical block sequences, keep the units, order them. A single that is no
@@ -365,6 +367,7 @@ fn form_units<'a>(
                 blocks: request.blocks,
                 members: Vec::new(),
                 kind: UnitKind::Single,
+                remembered: false,
             });
         }
         groups[group].members.push(index);
@@ -380,6 +383,7 @@ fn form_units<'a>(
     let mut units: Vec<Unit<'a>> = groups
         .into_iter()
         .filter_map(|mut unit| {
+            unit.remembered = is_warm(unit.blocks);
             if unit.members.len() >= 2 {
                 unit.kind = UnitKind::Group;
                 Some(unit)
@@ -388,7 +392,7 @@ fn form_units<'a>(
                 && sharing_prefix[&Chain(&unit.blocks[..n])] >= 2
             {
                 Some(unit)
-            } else if is_warm(unit.blocks) {
+            } else if unit.remembered {
                 unit.kind = UnitKind::Warm;
                 Some(unit)
             } else {
@@ -396,29 +400,41 @@ fn form_units<'a>(
             }
         })
         .collect();
-    // Groups, then singles, then warm singles; more blocks first; the stable sort keeps arrival
-    // order on ties.
-    units.sort_by_key(|unit| (unit.kind, Reverse(unit.blocks.len())));
+    // Remembered units first (with memory: they have a replica to go back to, and the cold ones
+    // balance around them), then groups, singles, warm singles; more blocks first; the stable
+    // sort keeps arrival order on ties.
+    units.sort_by_key(|unit| (!unit.remembered, unit.kind, Reverse(unit.blocks.len())));
     units
 }
 
 /// Step 4: the fair share that bounds the prefix-preference path. With memory it shares the
-/// carried-over load too, and in tokens mode counts distinct blocks (a prefix shared by several
-/// units is prefilled once).
-fn max_share(units: &[Unit<'_>], carried: &[u64], params: &PlanParams, memory: bool) -> u64 {
-    let total = match params.balance_by {
-        BalanceBy::Requests => units.iter().map(|unit| unit.members.len()).sum(),
-        BalanceBy::Tokens if memory => {
+/// carried-over load too, and in tokens mode counts the work to do: distinct blocks (a prefix
+/// shared by several units is prefilled once) that no candidate's model holds already (a
+/// conversation's history is not prefilled again), so that the share binds on what replicas
+/// will actually prefill.
+fn max_share(
+    units: &[Unit<'_>],
+    carried: &[u64],
+    params: &PlanParams,
+    recall: Option<&Recall<'_>>,
+) -> u64 {
+    let total = match (params.balance_by, recall) {
+        (BalanceBy::Requests, _) => units.iter().map(|unit| unit.members.len()).sum(),
+        (BalanceBy::Tokens, Some(recall)) => {
             let mut distinct: HashSet<BlockHash, BuildBlockHasher> = HashSet::default();
             for unit in units {
                 distinct.extend(unit.blocks.iter().copied());
             }
-            distinct.len()
+            distinct
+                .into_iter()
+                .filter(|&block| recall.holders(block).next().is_none())
+                .count()
         }
-        BalanceBy::Tokens => units.iter().map(|unit| unit.blocks.len()).sum(),
+        (BalanceBy::Tokens, None) => units.iter().map(|unit| unit.blocks.len()).sum(),
     } as u64;
     (total + carried.iter().sum::<u64>()).div_ceil(carried.len() as u64)
 }
+
 /// Step 5: the state of one window's placement.
 ///
 /// Cost: with the prefix preference on (N > 0, or memory), each unit walks the holders of its
@@ -447,7 +463,11 @@ struct Placer<'a> {
     /// Every (block, replica) placed in this window.
     held: HashSet<(BlockHash, u32), BuildBlockHasher>,
     /// The replicas this window placed each block on (kept when the preference walks them).
-    holders: HashMap<BlockHash, Vec<u32>, BuildBlockHasher>,
+    /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
+    /// allocating one per block was most of the time of a 10,000-request window).
+    holders: HashMap<BlockHash, u32, BuildBlockHasher>,
+    /// Singly linked lists of the replicas holding a block: (replica, next node or `NO_NODE`).
+    holder_nodes: Vec<(u32, u32)>,
     /// Scratch, per replica: leading blocks of the current unit it holds; nonzero only for the
     /// replicas in `matched`.
     matches: Vec<usize>,
@@ -482,6 +502,11 @@ impl<'a> Placer<'a> {
         for (rank, &replica) in by_order.iter().enumerate() {
             order[replica as usize] = rank as u32;
         }
+        let walked_blocks = if prefer_from.is_some() {
+            total_blocks
+        } else {
+            0
+        };
         Placer {
             params,
             recall,
@@ -495,14 +520,8 @@ impl<'a> Placer<'a> {
             full: Vec::new(),
             overflowing: false,
             held: HashSet::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
-            holders: HashMap::with_capacity_and_hasher(
-                if prefer_from.is_some() {
-                    total_blocks
-                } else {
-                    0
-                },
-                BuildBlockHasher::default(),
-            ),
+            holders: HashMap::with_capacity_and_hasher(walked_blocks, BuildBlockHasher::default()),
+            holder_nodes: Vec::with_capacity(walked_blocks),
             matches: vec![0; replicas.len()],
             matched: Vec::new(),
             members_here: vec![0; replicas.len()],
@@ -562,7 +581,9 @@ impl<'a> Placer<'a> {
         let r = replica as u32;
         for &block in &blocks[self.matches[replica]..] {
             if self.held.insert((block, r)) && self.prefer_from.is_some() {
-                self.holders.entry(block).or_default().push(r);
+                let node = self.holder_nodes.len() as u32;
+                let head = self.holders.insert(block, node).unwrap_or(NO_NODE);
+                self.holder_nodes.push((r, head));
             }
         }
     }
@@ -572,16 +593,36 @@ impl<'a> Placer<'a> {
     /// (every replica is under k when a unit starts).
     fn first_replica(&self, blocks: &[BlockHash]) -> (usize, Source) {
         let preferred = self.prefer_from.and_then(|need| {
-            let best = self
+            let by_match = |&a: &usize, &b: &usize| {
+                self.matches[a]
+                    .cmp(&self.matches[b])
+                    .then_with(|| self.key(b).cmp(&self.key(a)))
+            };
+            let eligible = self
                 .matched
                 .iter()
                 .copied()
-                .filter(|&r| self.matches[r] >= need && self.load[r] < self.max_share)
-                .max_by(|&a, &b| {
-                    self.matches[a]
-                        .cmp(&self.matches[b])
-                        .then_with(|| self.key(b).cmp(&self.key(a)))
-                })?;
+                .filter(|&r| self.matches[r] >= need);
+            let under_share = eligible
+                .clone()
+                .filter(|&r| self.load[r] < self.max_share)
+                .max_by(by_match);
+            let best = match self.stay_over_share() {
+                // The longest prefix may run over the share by what it saves over the next
+                // best choice: moving off it costs that prefix again elsewhere.
+                Some(slack) => {
+                    let alternative = under_share.or_else(|| self.least_loaded());
+                    let saved = |r: usize| {
+                        let other = alternative.map_or(0, |a| self.matches[a]);
+                        self.matches[r].saturating_sub(other) as f64 * slack
+                    };
+                    eligible
+                        .max_by(by_match)
+                        .filter(|&r| (self.load[r] as f64) < self.max_share as f64 + saved(r))
+                        .or(under_share)
+                }
+                None => under_share,
+            }?;
             // From memory when this window's placements alone would not have preferred it.
             let source = if self.recall.is_some() && self.held_prefix(blocks, best) < need {
                 Source::Memory
@@ -594,6 +635,15 @@ impl<'a> Placer<'a> {
             let replica = self.least_loaded().expect("at least one replica");
             (replica, Source::LeastLoaded)
         })
+    }
+
+    /// With memory in tokens mode, how far (per block saved) the replica with the longest
+    /// prefix of a unit may run over the fair share to keep it; `None`: not at all (SPEC §4).
+    fn stay_over_share(&self) -> Option<f64> {
+        match (self.recall, self.params.balance_by) {
+            (Some(_), BalanceBy::Tokens) => Some(STAY_OVER_SHARE_PER_BLOCK_SAVED),
+            _ => None,
+        }
     }
 
     /// Places `members` (of one unit) on `replica`.
@@ -675,10 +725,10 @@ impl<'a> Placer<'a> {
         };
         for (depth, block) in blocks.iter().enumerate() {
             let mut advanced = false;
-            if let Some(holders) = self.holders.get(block) {
-                for &holder in holders {
-                    advanced |= advance(holder as usize, depth);
-                }
+            let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
+            while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
+                advanced |= advance(holder as usize, depth);
+                node = next;
             }
             if let Some(recall) = self.recall {
                 for holder in recall.holders(*block) {
@@ -725,6 +775,16 @@ impl<'a> Placer<'a> {
             .map(|&(_, rank)| self.by_order[rank as usize] as usize)
     }
 }
+
+/// With memory in tokens mode, a unit stays on the replica holding its longest prefix while that
+/// replica's load is under the fair share plus this much per block it saves over the next best
+/// replica (moving costs those blocks again). Chosen with the simulator (BENCHMARKS.md): 0 moves
+/// conversations off their replica at the mean (prefill 1.14x the bound on multiturn), 1 keeps
+/// them too long (imbalance 1.32 on mixed); 0.5 is between.
+const STAY_OVER_SHARE_PER_BLOCK_SAVED: f64 = 0.5;
+
+/// The end of a holder list.
+const NO_NODE: u32 = u32::MAX;
 
 /// A block-hash sequence as a map key. Chained hashes make the last block stand for the whole
 /// sequence, so only it (and the length) is hashed; equality still compares every block.

@@ -111,7 +111,7 @@ pub struct SimulateArgs {
     /// memory.loadHalfLifeMs of the burst policy: load carried over from earlier windows halves
     /// every this many ms (steps are --step-ms apart). Its cache model holds --cache-blocks
     /// blocks per replica (memory.cacheTokensPerReplica = cache blocks x block size).
-    #[arg(long, default_value_t = 10_000, help_heading = "Burst policy")]
+    #[arg(long, default_value_t = 0, help_heading = "Burst policy")]
     pub load_half_life_ms: i64,
     /// Simulated time between two steps, for the memory's clock.
     #[arg(long, default_value_t = 1_000, help_heading = "Burst policy")]
