@@ -97,13 +97,17 @@ build_image() {
     umoci init --layout "$layout/oci"
     local image="$layout/oci:$tag"
     umoci new --image "$image"
+    # One layer with the stage's files, as Docker's COPY makes it (parent directories included).
+    # unpack + repack rather than `umoci insert`, whose 0.4.7 layers lack the tar end marker.
+    umoci unpack --image "$image" "$layout/bundle" >/dev/null
     local source destination
     while IFS=$'\t' read -r source destination; do
         local file="$files/$(basename "$source")"
         [[ -x "$file" ]] || { echo "images: $name needs $file" >&2; exit 1; }
         require_static "$file"
-        umoci insert --image "$image" "$file" "$destination"
+        install -D -m 0755 "$file" "$layout/bundle/rootfs$destination"
     done < <(jq -r '.copies[] | [.source, .destination] | @tsv' <<<"$stage")
+    umoci repack --image "$image" --history.created_by "images/build.sh: COPY" "$layout/bundle"
 
     local -a config=(--os linux --architecture "$arch" --created 1970-01-01T00:00:00Z
         --author burst-prefix --history.comment "images/build.sh")
