@@ -13,7 +13,7 @@ export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-py
 # The end-to-end node's Debian packages (runc, CNI plugins, iptables, umoci; see tests/node/).
 NODE_DEPS := tests/node/install-deps.sh
 
-.PHONY: test lint unit control-plane node-deps images python-clients demo bench crds e2e-node e2e-kind
+.PHONY: test lint unit control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
 
 test: control-plane node-deps images python-clients lint unit
 
@@ -63,3 +63,15 @@ e2e-node: control-plane node-deps images
 # kind, kubectl, helm, curl and jq; not part of `make test`.
 e2e-kind:
 	tests/e2e/kind.sh
+
+# Placement on a real engine (not part of `make test`): builds llama.cpp's llama-server once into
+# the cache (~9 min on 2 cores, under nice), writes the tiny model, and runs the workloads on
+# llama-server replicas straight and through the proxy. See bench/engine/README.md. The bench binary
+# is a dev build (it only sends requests and proxies them; the engine is the Release build).
+ENGINE_BENCH_ARGS ?=
+bench-engine:
+	nice -n 10 bench/engine/build-llama-server.sh
+	bench/engine/model.sh
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- \
+		--llama-server "$$(bench/engine/build-llama-server.sh --print-bin)" \
+		--model "$$(bench/engine/model.sh --print-path)" $(ENGINE_BENCH_ARGS)

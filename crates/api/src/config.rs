@@ -7,7 +7,9 @@
 
 use std::fmt;
 
-use burst_prefix_planner::{BlockSpec, PlanParams};
+use std::num::NonZeroUsize;
+
+use burst_prefix_planner::{BlockSpec, MemorySettings, PlanParams};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +17,8 @@ pub const WINDOW_DURATION_MS_MIN: i64 = 1;
 pub const WINDOW_DURATION_MS_MAX: i64 = 10_000;
 /// -1 means unlimited for `maxPerReplica` and `maxBatchSize`.
 pub const UNLIMITED: i64 = -1;
+/// The longest `memory.loadHalfLifeMs`: an hour.
+pub const LOAD_HALF_LIFE_MS_MAX: i64 = 3_600_000;
 
 /// How the planner balances load across replicas.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -69,6 +73,34 @@ pub struct PlannerConfig {
     /// `burst_prefix.group_size` or header `x-burst-prefix-group-size`) is complete.
     #[serde(default = "enabled")]
     pub seal_on_hints: bool,
+    /// What the planner remembers across windows: which prefixes each replica probably still
+    /// caches, and how busy it was recently.
+    #[serde(default)]
+    pub memory: MemoryConfig,
+}
+
+/// SPEC §7: memory across windows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Remember, per replica, the prefix blocks placed on it in earlier windows (so that a
+    /// conversation's next turn or the next fan-out on a system prompt goes where that prefix
+    /// is cached) and the load it got recently. false plans every window as if every cache were
+    /// cold, exactly as the llm-d plugin does.
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// Tokens of prefix cache each replica is assumed to keep (about its KV cache size in
+    /// tokens); beyond it, the least recently used blocks are forgotten. At least
+    /// blockSizeTokens; memory held by the producer grows with it times the replicas.
+    #[serde(default = "default_cache_tokens_per_replica")]
+    #[schemars(range(min = 1))]
+    pub cache_tokens_per_replica: i64,
+    /// The load a replica got in earlier windows still counts when balancing, halving every
+    /// this many milliseconds, so that remembered prefixes never pile work onto one replica.
+    /// 0 forgets it at once (0..=3600000).
+    #[serde(default = "default_load_half_life_ms")]
+    #[schemars(range(min = 0, max = LOAD_HALF_LIFE_MS_MAX))]
+    pub load_half_life_ms: i64,
 }
 
 fn default_window_duration_ms() -> i64 {
@@ -86,6 +118,22 @@ fn default_max_batch_size() -> i64 {
 fn enabled() -> bool {
     true
 }
+fn default_cache_tokens_per_replica() -> i64 {
+    262_144
+}
+fn default_load_half_life_ms() -> i64 {
+    10_000
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            enabled: enabled(),
+            cache_tokens_per_replica: default_cache_tokens_per_replica(),
+            load_half_life_ms: default_load_half_life_ms(),
+        }
+    }
+}
 
 impl Default for PlannerConfig {
     fn default() -> Self {
@@ -99,6 +147,7 @@ impl Default for PlannerConfig {
             balance_by: BalanceBy::Requests,
             idle_seal_ms: 0,
             seal_on_hints: enabled(),
+            memory: MemoryConfig::default(),
         }
     }
 }
@@ -176,6 +225,20 @@ pub const RULES: &[Rule] = &[
             c.idle_seal_ms == 0 || (c.idle_seal_ms >= 1 && c.idle_seal_ms <= c.window_duration_ms)
         },
     },
+    Rule {
+        field: "memory.cacheTokensPerReplica",
+        requirement: "must be >= blockSizeTokens",
+        cel: "!has(self.memory) || !has(self.memory.cacheTokensPerReplica) || self.memory.cacheTokensPerReplica >= self.blockSizeTokens",
+        value: |c| c.memory.cache_tokens_per_replica,
+        holds: |c| c.memory.cache_tokens_per_replica >= c.block_size_tokens.max(1),
+    },
+    Rule {
+        field: "memory.loadHalfLifeMs",
+        requirement: "must be between 0 and 3600000",
+        cel: "!has(self.memory) || !has(self.memory.loadHalfLifeMs) || (self.memory.loadHalfLifeMs >= 0 && self.memory.loadHalfLifeMs <= 3600000)",
+        value: |c| c.memory.load_half_life_ms,
+        holds: |c| (0..=LOAD_HALF_LIFE_MS_MAX).contains(&c.memory.load_half_life_ms),
+    },
 ];
 
 /// A broken rule: the field, its value and the rule.
@@ -250,6 +313,20 @@ impl PlannerConfig {
             .map(std::time::Duration::from_millis)
     }
 
+    /// The memory of a validated config, `None` when disabled (SPEC §4 exactly).
+    pub fn memory_settings(&self) -> Option<MemorySettings> {
+        let memory = &self.memory;
+        if !memory.enabled {
+            return None;
+        }
+        let block = self.block_size_tokens.max(1);
+        let blocks = usize::try_from(memory.cache_tokens_per_replica / block).unwrap_or(1);
+        Some(MemorySettings {
+            capacity_blocks: NonZeroUsize::new(blocks).unwrap_or(NonZeroUsize::MIN),
+            load_half_life_ms: u64::try_from(memory.load_half_life_ms).unwrap_or(0),
+        })
+    }
+
     /// The window's capacity, `None` when unlimited.
     pub fn max_batch_size(&self) -> Option<usize> {
         usize::try_from(self.max_batch_size)
@@ -275,7 +352,40 @@ mod tests {
         assert_eq!(config.balance_by, BalanceBy::Requests);
         assert_eq!((config.idle_seal_ms, config.seal_on_hints), (0, true));
         assert_eq!(config.idle_seal(), None);
+        assert_eq!(
+            config.memory,
+            MemoryConfig {
+                enabled: true,
+                cache_tokens_per_replica: 262_144,
+                load_half_life_ms: 10_000
+            }
+        );
+        let settings = config.memory_settings().unwrap();
+        assert_eq!(settings.capacity_blocks.get(), 4096);
+        assert_eq!(settings.load_half_life_ms, 10_000);
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn memory_can_be_disabled_and_its_rules_name_their_fields() {
+        let config: PlannerConfig =
+            serde_json::from_str(r#"{"memory": {"enabled": false}}"#).unwrap();
+        assert_eq!(config.memory_settings(), None);
+        assert_eq!(config.memory.cache_tokens_per_replica, 262_144);
+        assert_eq!(
+            invalid(|c| c.memory.cache_tokens_per_replica = 63),
+            ["memory.cacheTokensPerReplica"]
+        );
+        assert_eq!(
+            invalid(|c| c.memory.load_half_life_ms = -1),
+            ["memory.loadHalfLifeMs"]
+        );
+        assert_eq!(
+            invalid(|c| c.memory.load_half_life_ms = LOAD_HALF_LIFE_MS_MAX + 1),
+            ["memory.loadHalfLifeMs"]
+        );
+        let err = serde_json::from_str::<PlannerConfig>(r#"{"memory": {"size": 1}}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `size`"), "{err}");
     }
 
     fn invalid(edit: impl Fn(&mut PlannerConfig)) -> Vec<&'static str> {
@@ -336,6 +446,11 @@ mod tests {
             balance_by: BalanceBy::Tokens,
             idle_seal_ms: 10_000,
             seal_on_hints: false,
+            memory: MemoryConfig {
+                enabled: true,
+                cache_tokens_per_replica: 1,
+                load_half_life_ms: 0,
+            },
         };
         config.validate().unwrap();
         assert_eq!(config.max_batch_size(), None);

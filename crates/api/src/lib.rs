@@ -5,5 +5,5 @@ pub mod config;
 pub mod policy;
 pub mod producer_config;
 
-pub use config::{BalanceBy, ConfigError, PlannerConfig, Violation};
+pub use config::{BalanceBy, ConfigError, MemoryConfig, PlannerConfig, Violation};
 pub use producer_config::{Endpoint, ProducerConfig};

@@ -1,12 +1,20 @@
-//! Hashing throughput against plain XXH64 over the same bytes, and planning time per window.
-//! Run: `cargo bench -p burst-prefix-planner` (see BENCHMARKS.md).
+//! Hashing throughput against plain XXH64 over the same bytes, and planning time per window;
+//! `assign` against the naive reading of SPEC §4 (`tests/reference`) as the baseline where that
+//! finishes in reasonable time. Run: `cargo bench -p burst-prefix-planner` (see BENCHMARKS.md).
+
+#[path = "../tests/reference/mod.rs"]
+mod reference;
 
 use burst_prefix_planner::{
-    assign, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, PlanParams, Prompt,
-    Replica,
+    assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
+    Memory, MemorySettings, PlanParams, Prompt, Replica,
 };
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
+use reference::reference_assign;
 use std::hint::black_box;
+use std::num::NonZeroUsize;
 use xxhash_rust::xxh64::xxh64;
 
 const PROMPT_TOKENS: usize = 4096;
@@ -59,13 +67,21 @@ fn hashing(c: &mut Criterion) {
 
 /// `requests` requests in groups of 8, four groups per family sharing 16 of their 64 blocks.
 fn window(requests: usize) -> Vec<Vec<BlockHash>> {
+    window_seeded(requests, 0)
+}
+
+/// The same shape; another `seed` gives other prompts on the same families' shared blocks.
+fn window_seeded(requests: usize, seed: u64) -> Vec<Vec<BlockHash>> {
     let spec = BlockSpec::new(64, 0);
     let groups = requests.div_ceil(GROUP_SIZE);
     let distinct: Vec<Vec<BlockHash>> = (0..groups)
         .map(|g| {
             let family = (g / FAMILY_SIZE) as u64;
             let mut prompt = tokens(family, PROMPT_TOKENS / 4);
-            prompt.extend(tokens(1_000_000 + g as u64, PROMPT_TOKENS * 3 / 4));
+            prompt.extend(tokens(
+                1_000_000 + seed * 100_000 + g as u64,
+                PROMPT_TOKENS * 3 / 4,
+            ));
             hash_prompts("model", "", &[Prompt::Tokens(&prompt)], spec).concat()
         })
         .collect();
@@ -116,5 +132,161 @@ fn planning(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hashing, planning);
+/// Block hashes without hashing (the scaling benches time `assign` alone): distinct values from
+/// a splitmix64 stream, so that blocks never collide across prompts.
+fn synthetic_blocks(id: u64, count: usize) -> impl Iterator<Item = BlockHash> {
+    (0..count as u64).map(move |i| {
+        let mut z = (id << 20 | i).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z ^ (z >> 31)
+    })
+}
+
+/// An RL step: `prompts` prompts x `samples` samples sharing a 16-block system prompt, each
+/// prompt with 8 blocks of its own; the samples of one prompt arrive interleaved with the others.
+fn rl_step(prompts: usize, samples: usize) -> Vec<Vec<BlockHash>> {
+    let system: Vec<BlockHash> = synthetic_blocks(0, 16).collect();
+    let distinct: Vec<Vec<BlockHash>> = (0..prompts)
+        .map(|p| {
+            let mut blocks = system.clone();
+            blocks.extend(synthetic_blocks(1 + p as u64, 8));
+            blocks
+        })
+        .collect();
+    (0..prompts * samples)
+        .map(|i| distinct[i % prompts].clone())
+        .collect()
+}
+
+fn replica_ids(count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| format!("ns/pod-{i:05}-rank-0"))
+        .collect()
+}
+
+fn replica_list(ids: &[String]) -> Vec<Replica<'_>> {
+    ids.iter()
+        .map(|id| Replica {
+            id,
+            running_requests: 0,
+        })
+        .collect()
+}
+
+fn whole_batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
+    prompts
+        .iter()
+        .map(|blocks| BatchRequest {
+            blocks,
+            allowed_replicas: None,
+        })
+        .collect()
+}
+
+/// Issue 17's RL step: 1,024 prompts x 8 samples, 1,024 replicas, k = 1 (requests mode, N = 0).
+fn rl_step_bench(c: &mut Criterion) {
+    let prompts = rl_step(1_024, 8);
+    let batch = whole_batch(&prompts);
+    let ids = replica_ids(1_024);
+    let replicas = replica_list(&ids);
+    let params = PlanParams {
+        max_per_replica: Some(1),
+        ..PlanParams::default()
+    };
+    let mut group = c.benchmark_group("rl_step_1024x8_on_1024");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.bench_function("assign", |b| {
+        b.iter(|| assign(black_box(&batch), &replicas, &params))
+    });
+    group.bench_function("reference_baseline", |b| {
+        b.iter(|| reference_assign(black_box(&batch), &replicas, &params))
+    });
+    group.finish();
+}
+
+/// Replicas from 16 to 50,000 with the work growing alike: as many prompts as replicas, 8
+/// samples each, sharing a 16-block system prompt. Near-linear planning shows as a slope ~1.
+fn scaling(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scaling_groups_eq_replicas");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    for replicas in [16, 64, 256, 1_024, 4_096, 10_000, 50_000] {
+        let prompts = rl_step(replicas, 8);
+        let batch = whole_batch(&prompts);
+        let ids = replica_ids(replicas);
+        let list = replica_list(&ids);
+        group.throughput(Throughput::Elements(batch.len() as u64));
+        for (name, k) in [("k1", Some(1)), ("k-1", None)] {
+            let params = PlanParams {
+                max_per_replica: k,
+                ..PlanParams::default()
+            };
+            group.bench_with_input(
+                BenchmarkId::new(format!("assign_{name}"), replicas),
+                &batch,
+                |b, batch| b.iter(|| assign(black_box(batch), &list, &params)),
+            );
+            // The naive reading is quadratic in replicas: only where it ends in seconds.
+            if replicas <= 1_024 {
+                group.bench_with_input(
+                    BenchmarkId::new(format!("reference_{name}"), replicas),
+                    &batch,
+                    |b, batch| b.iter(|| reference_assign(black_box(batch), &list, &params)),
+                );
+            }
+        }
+    }
+    group.finish();
+}
+
+/// `assign_with_memory` on the 10,000-request window against `assign` in the same run: the
+/// memory was filled by an earlier window on the same families (default capacity, 4,096
+/// blocks), and each iteration plans on a fresh copy of it (the copy is not timed).
+fn planning_with_memory(c: &mut Criterion) {
+    let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
+    let replicas = replica_list(&ids);
+    let earlier = window_seeded(10_000, 1);
+    let prompts = window(10_000);
+    let batch = whole_batch(&prompts);
+    let mut group = c.benchmark_group("plan_window_memory_10000");
+    group.throughput(Throughput::Elements(batch.len() as u64));
+    for (mode, balance_by) in [
+        ("requests", BalanceBy::Requests),
+        ("tokens", BalanceBy::Tokens),
+    ] {
+        let params = PlanParams {
+            max_per_replica: Some(GROUP_SIZE),
+            min_colocate_blocks: 0,
+            balance_by,
+        };
+        let mut warmed = Memory::new(MemorySettings {
+            capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
+            load_half_life_ms: 1_000,
+        });
+        assign_with_memory(&whole_batch(&earlier), &replicas, &params, &mut warmed, 0);
+        group.bench_function(format!("assign_baseline_{mode}"), |b| {
+            b.iter(|| assign(black_box(&batch), &replicas, &params))
+        });
+        group.bench_function(format!("assign_with_memory_{mode}"), |b| {
+            b.iter_batched(
+                || warmed.clone(),
+                |mut memory| {
+                    let plan =
+                        assign_with_memory(black_box(&batch), &replicas, &params, &mut memory, 100);
+                    (plan, memory)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    hashing,
+    planning,
+    planning_with_memory,
+    rl_step_bench,
+    scaling
+);
 criterion_main!(benches);

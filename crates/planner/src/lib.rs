@@ -2,9 +2,15 @@
 //!
 //! - [`prefixhash`] turns prompts into chained block hashes, bit-identical to llm-d's `prefixhash`.
 //! - [`plan`] places one window of requests on replicas so that shared prefixes are prefilled once.
+//! - [`memory`] remembers what each replica probably still caches across windows.
 
+pub mod memory;
 pub mod plan;
 pub mod prefixhash;
 
-pub use plan::{assign, BalanceBy, BatchRequest, Plan, PlanParams, Replica};
+pub use memory::{Memory, MemorySettings};
+pub use plan::{
+    assign, assign_with_memory, BalanceBy, BatchRequest, HeldPrefixes, Plan, PlanParams, Replica,
+    Source,
+};
 pub use prefixhash::{chain_seed, hash_prompts, BlockHash, BlockSpec, Prompt};

@@ -1,15 +1,22 @@
-//! Placement of one window of requests on replicas (SPEC §4).
+//! Placement of one window of requests on replicas (SPEC §4), and with memory across windows
+//! (SPEC §7).
 //!
 //! Requests with identical prompts form groups; with `min_colocate_blocks` (N) > 0, single requests
 //! that share their first N blocks with another request become units too. Units are placed one by
 //! one, largest first, preferring the replica that already holds the longest prefix of the unit
 //! (bounded by a fair share), and filling one replica up to `max_per_replica` (k) members before
 //! spilling to the next least-loaded one.
+//!
+//! With [`Memory`], a replica also holds what its cache model remembers from earlier windows,
+//! singles whose prefix a model holds are placed too (warm singles), N counts as at least 1
+//! (for single units and the prefix preference), and each replica starts the window with the
+//! load it carries over.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
+use crate::memory::Memory;
 use crate::prefixhash::BlockHash;
 
 /// What the window load of a replica counts.
@@ -36,7 +43,7 @@ pub struct PlanParams {
 /// A candidate replica (one inference endpoint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Replica<'a> {
-    /// Endpoint id; the last tie-break compares these byte-wise.
+    /// Endpoint id; the last tie-break compares these byte-wise, and memory is keyed by it.
     pub id: &'a str,
     /// Live running-request count, when known (else 0); a tie-break only.
     pub running_requests: u64,
@@ -51,60 +58,281 @@ pub struct BatchRequest<'a> {
     pub allowed_replicas: Option<&'a [usize]>,
 }
 
+/// Why a request landed on its replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Its unit started on a replica whose cache model held the unit's prefix from earlier
+    /// windows (with memory only).
+    Memory,
+    /// Its unit started on a replica that this window's placements had given the prefix.
+    Window,
+    /// No usable prefix (a cold unit, a spill beyond k, or the fair share was reached): the
+    /// least-loaded replica.
+    LeastLoaded,
+}
+
+impl Source {
+    pub const ALL: [Source; 3] = [Source::Memory, Source::Window, Source::LeastLoaded];
+
+    /// A stable lower-case name (metric labels).
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::Window => "window",
+            Source::LeastLoaded => "least_loaded",
+        }
+    }
+}
+
+/// With memory: per request, the replicas holding a leading run of its blocks when it was
+/// placed (in this window's placements or their cache models), as `(replica, blocks)` sorted by
+/// replica. Requests of one unit share one list. Empty without memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldPrefixes {
+    lists: Vec<Vec<(usize, usize)>>,
+    /// Per request, its list in `lists` (`NO_LIST`: none).
+    list_of: Vec<u32>,
+}
+
+impl HeldPrefixes {
+    /// `(replica, leading blocks held)` for every replica holding any of request `request`'s.
+    pub fn of(&self, request: usize) -> &[(usize, usize)] {
+        match self.list_of.get(request) {
+            Some(&list) if list != NO_LIST => &self.lists[list as usize],
+            _ => &[],
+        }
+    }
+
+    /// The list request `request` shares with the rest of its unit, if any: an index into
+    /// [`HeldPrefixes::lists`].
+    pub fn list_of(&self, request: usize) -> Option<usize> {
+        match self.list_of.get(request) {
+            Some(&list) if list != NO_LIST => Some(list as usize),
+            _ => None,
+        }
+    }
+
+    /// Every distinct list.
+    pub fn lists(&self) -> &[Vec<(usize, usize)>] {
+        &self.lists
+    }
+
+    /// The leading blocks of request `request` that `replica` held.
+    pub fn blocks(&self, request: usize, replica: usize) -> usize {
+        let list = self.of(request);
+        list.binary_search_by_key(&replica, |&(r, _)| r)
+            .map_or(0, |i| list[i].1)
+    }
+}
+
+const NO_LIST: u32 = u32::MAX;
+
 /// The planner's answer for one window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Per request (batch order), the index of its replica, or `None` for no affinity.
     pub assignments: Vec<Option<usize>>,
-    /// Final window load per replica, in the unit of `balance_by`.
+    /// Per request, why it landed where it did (`None` when not assigned).
+    pub sources: Vec<Option<Source>>,
+    /// Final window load per replica, in the unit of `balance_by` (with memory, including the
+    /// load carried over).
     pub loads: Vec<u64>,
     /// Units formed from groups of identical prompts.
     pub group_units: usize,
     /// Units formed from single requests sharing N blocks with another request.
     pub single_units: usize,
+    /// Singles placed because a replica's cache model held their prefix (with memory only).
+    pub warm_singles: usize,
+    /// What each replica held of each request (with memory only).
+    pub held: HeldPrefixes,
 }
 
-/// Places one window of requests (SPEC §4). Pure and deterministic: the result depends only on
-/// the arguments, never on hash iteration order; the order of `replicas` only matters through
-/// the indices it gives them.
+/// Places one window of requests (SPEC §4, exactly llm-d's behaviour). Pure and deterministic:
+/// the result depends only on the arguments, never on hash iteration order; the order of
+/// `replicas` only matters through the indices it gives them.
 pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &PlanParams) -> Plan {
-    let units = form_units(batch, params.min_colocate_blocks);
-    let group_units = units.iter().filter(|u| u.kind == UnitKind::Group).count();
+    plan(batch, replicas, params, None).0
+}
+
+/// Places one window remembering earlier ones (SPEC §7), then records this window in `memory`:
+/// every placed request's blocks are touched in its replica's cache model, and each replica's
+/// load is carried over, decaying with the memory's half-life. `now_ms` is the caller's clock
+/// (any monotonic origin, the same for every call on one memory). Replicas the memory does not
+/// know start cold; the ones it knows that are not candidates now keep their models untouched
+/// (drop them with [`Memory::retain_replicas`] when they leave for good).
+pub fn assign_with_memory(
+    batch: &[BatchRequest<'_>],
+    replicas: &[Replica<'_>],
+    params: &PlanParams,
+    memory: &mut Memory,
+    now_ms: u64,
+) -> Plan {
+    let slots: Vec<u32> = replicas.iter().map(|r| memory.slot(r.id)).collect();
+    let carried: Vec<f64> = slots
+        .iter()
+        .map(|&slot| memory.carried_load(slot, now_ms))
+        .collect();
+    let (plan, placed) = {
+        let mut replica_of_slot = vec![NO_REPLICA; memory.slot_count()];
+        for (replica, &slot) in slots.iter().enumerate() {
+            replica_of_slot[slot as usize] = replica as u32;
+        }
+        let recall = Recall {
+            memory,
+            replica_of_slot,
+            carried: carried.iter().map(|&load| load.round() as u64).collect(),
+        };
+        plan(batch, replicas, params, Some(&recall))
+    };
+    for (request, replica) in placed {
+        memory.touch(slots[replica], batch[request].blocks);
+    }
+    for (replica, &slot) in slots.iter().enumerate() {
+        let start = carried[replica].round() as u64;
+        let added = plan.loads[replica].saturating_sub(start);
+        memory.set_load(slot, carried[replica] + added as f64, now_ms);
+    }
+    plan
+}
+
+/// What planning reads from memory.
+struct Recall<'m> {
+    memory: &'m Memory,
+    /// Per memory slot, the replica index in this call (`NO_REPLICA`: not a candidate now).
+    replica_of_slot: Vec<u32>,
+    /// Per replica, the load it starts this window with.
+    carried: Vec<u64>,
+}
+
+const NO_REPLICA: u32 = u32::MAX;
+
+impl Recall<'_> {
+    /// The candidate replicas whose models hold `block`.
+    fn holders(&self, block: BlockHash) -> impl Iterator<Item = usize> + '_ {
+        self.memory.holders(block).iter().filter_map(|&slot| {
+            match self.replica_of_slot[slot as usize] {
+                NO_REPLICA => None,
+                replica => Some(replica as usize),
+            }
+        })
+    }
+
+    /// Whether some candidate's model holds the first `need` blocks of `blocks`. A holder of
+    /// block `need - 1` nearly always holds its prefix too, so the first one checked decides.
+    fn holds_leading(&self, blocks: &[BlockHash], need: usize) -> bool {
+        blocks.len() >= need
+            && self.memory.holders(blocks[need - 1]).iter().any(|&slot| {
+                self.replica_of_slot[slot as usize] != NO_REPLICA
+                    && blocks[..need - 1]
+                        .iter()
+                        .all(|&block| self.memory.holds(slot, block))
+            })
+    }
+}
+
+/// The plan, and with memory the (request, replica) pairs to touch: one request of each unit per
+/// replica it was placed on, in placement order.
+fn plan(
+    batch: &[BatchRequest<'_>],
+    replicas: &[Replica<'_>],
+    params: &PlanParams,
+    recall: Option<&Recall<'_>>,
+) -> (Plan, Vec<(usize, usize)>) {
+    let n = params.min_colocate_blocks;
+    // With memory the prefix preference applies from one block on (SPEC §7).
+    let prefer_from = match recall {
+        Some(_) => Some(n.max(1)),
+        None => (n > 0).then_some(n),
+    };
+    // With memory, N counts as at least 1 for single units too: requests sharing their first
+    // block (a system prompt) are placed, so that their next turns find them remembered.
+    let unit_n = if recall.is_some() { n.max(1) } else { n };
+    let units = form_units(batch, unit_n, |blocks| {
+        recall.is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
+    });
+    let count = |kind| units.iter().filter(|u| u.kind == kind).count();
     let mut plan = Plan {
         assignments: vec![None; batch.len()],
+        sources: vec![None; batch.len()],
         loads: vec![0; replicas.len()],
-        group_units,
-        single_units: units.len() - group_units,
+        group_units: count(UnitKind::Group),
+        single_units: count(UnitKind::Single),
+        warm_singles: count(UnitKind::Warm),
+        held: HeldPrefixes::default(),
     };
     if replicas.is_empty() {
-        return plan;
+        return (plan, Vec::new());
     }
-    let total_blocks = units.iter().map(|unit| unit.blocks.len()).sum();
+    // (block, replica) pairs the window can record: each unit on at most ceil(members / k)
+    // replicas.
+    let k = params.max_per_replica.unwrap_or(usize::MAX);
+    let total_blocks = units
+        .iter()
+        .map(|unit| unit.blocks.len() * unit.members.len().div_ceil(k).min(replicas.len()))
+        .sum();
+    let carried = recall.map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
     let mut placer = Placer::new(
         replicas,
         params,
-        max_share(&units, replicas.len(), params),
+        max_share(&units, &carried, params, recall.is_some()),
+        prefer_from,
+        carried,
+        recall,
         total_blocks,
     );
-    for unit in &units {
-        placer.place(unit, &mut plan.assignments);
+    if recall.is_some() {
+        plan.held.list_of = vec![NO_LIST; batch.len()];
     }
-    plan.loads = placer.load;
-    // A request that may not use its assigned replica gets zero everywhere (step 7).
-    for (assigned, request) in plan.assignments.iter_mut().zip(batch) {
-        if let (Some(replica), Some(allowed)) = (*assigned, request.allowed_replicas) {
-            if !allowed.contains(&replica) {
-                *assigned = None;
+    for unit in &units {
+        placer.place(unit, &mut plan);
+    }
+    if recall.is_some() {
+        // Requests outside every unit: what the replicas hold of them, for their answers.
+        for (request, entry) in batch.iter().zip(0..) {
+            if plan.held.list_of[entry] == NO_LIST && !request.blocks.is_empty() {
+                placer.walk_holders(request.blocks);
+                placer.keep_held_list(&[entry], &mut plan.held);
+                placer.clear_matches();
             }
         }
     }
-    plan
+    plan.loads = std::mem::take(&mut placer.load);
+    // A request that may not use its assigned replica gets zero everywhere (step 7).
+    for (request, entry) in batch.iter().zip(0..) {
+        if let (Some(replica), Some(allowed)) = (plan.assignments[entry], request.allowed_replicas)
+        {
+            if !allowed.contains(&replica) {
+                plan.assignments[entry] = None;
+                plan.sources[entry] = None;
+                if let Some(list) = plan.held.list_of.get_mut(entry) {
+                    *list = NO_LIST;
+                }
+            }
+        }
+    }
+    let mut placed = Vec::new();
+    if recall.is_some() {
+        let mut last_unit = vec![usize::MAX; replicas.len()];
+        for (index, unit) in units.iter().enumerate() {
+            for &member in &unit.members {
+                if let Some(replica) = plan.assignments[member] {
+                    if last_unit[replica] != index {
+                        last_unit[replica] = index;
+                        placed.push((member, replica));
+                    }
+                }
+            }
+        }
+    }
+    (plan, placed)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum UnitKind {
     Group,
     Single,
+    /// A single whose prefix a replica's cache model holds (with memory only).
+    Warm,
 }
 
 /// Requests placed together: a group of identical prompts, or one prefix-sharing single.
@@ -116,8 +344,13 @@ struct Unit<'a> {
     kind: UnitKind,
 }
 
-/// Steps 1-3: group identical block sequences, keep the units, order them.
-fn form_units<'a>(batch: &[BatchRequest<'a>], min_colocate_blocks: usize) -> Vec<Unit<'a>> {
+/// Steps 1-3: group identical block sequences, keep the units, order them. A single that is no
+/// unit by §4 becomes a warm one if `is_warm` says so.
+fn form_units<'a>(
+    batch: &[BatchRequest<'a>],
+    min_colocate_blocks: usize,
+    is_warm: impl Fn(&[BlockHash]) -> bool,
+) -> Vec<Unit<'a>> {
     let mut group_of: HashMap<Chain<'a>, usize, BuildBlockHasher> =
         HashMap::with_capacity_and_hasher(batch.len(), BuildBlockHasher::default());
     let mut groups: Vec<Unit<'a>> = Vec::new();
@@ -155,41 +388,70 @@ fn form_units<'a>(batch: &[BatchRequest<'a>], min_colocate_blocks: usize) -> Vec
                 && sharing_prefix[&Chain(&unit.blocks[..n])] >= 2
             {
                 Some(unit)
+            } else if is_warm(unit.blocks) {
+                unit.kind = UnitKind::Warm;
+                Some(unit)
             } else {
                 None
             }
         })
         .collect();
-    // Groups first, then singles; more blocks first; the stable sort keeps arrival order on ties.
+    // Groups, then singles, then warm singles; more blocks first; the stable sort keeps arrival
+    // order on ties.
     units.sort_by_key(|unit| (unit.kind, Reverse(unit.blocks.len())));
     units
 }
 
-/// Step 4: the fair share that bounds the prefix-preference path.
-fn max_share(units: &[Unit<'_>], replicas: usize, params: &PlanParams) -> u64 {
-    let total: usize = units
-        .iter()
-        .map(|unit| match params.balance_by {
-            BalanceBy::Requests => unit.members.len(),
-            BalanceBy::Tokens => unit.blocks.len(),
-        })
-        .sum();
-    total.div_ceil(replicas) as u64
+/// Step 4: the fair share that bounds the prefix-preference path. With memory it shares the
+/// carried-over load too, and in tokens mode counts distinct blocks (a prefix shared by several
+/// units is prefilled once).
+fn max_share(units: &[Unit<'_>], carried: &[u64], params: &PlanParams, memory: bool) -> u64 {
+    let total = match params.balance_by {
+        BalanceBy::Requests => units.iter().map(|unit| unit.members.len()).sum(),
+        BalanceBy::Tokens if memory => {
+            let mut distinct: HashSet<BlockHash, BuildBlockHasher> = HashSet::default();
+            for unit in units {
+                distinct.extend(unit.blocks.iter().copied());
+            }
+            distinct.len()
+        }
+        BalanceBy::Tokens => units.iter().map(|unit| unit.blocks.len()).sum(),
+    } as u64;
+    (total + carried.iter().sum::<u64>()).div_ceil(carried.len() as u64)
 }
-
 /// Step 5: the state of one window's placement.
+///
+/// Cost: with the prefix preference on (N > 0, or memory), each unit walks the holders of its
+/// leading blocks once (a per-replica marker, never a scan of a holder list per replica);
+/// without it, only the replicas a unit lands on look up what they hold. The least-loaded
+/// replica comes from an ordered index, not a scan of the replicas.
 struct Placer<'a> {
-    replicas: &'a [Replica<'a>],
     params: &'a PlanParams,
+    recall: Option<&'a Recall<'a>>,
+    /// k, with unlimited as `usize::MAX`.
+    k: usize,
     max_share: u64,
+    /// The prefix preference: replicas need at least this many leading blocks.
+    prefer_from: Option<usize>,
     load: Vec<u64>,
-    /// For every block placed in this window, the head of its list of holders in
-    /// `holder_nodes` (an arena: one allocation per window, not one per block).
-    holders: HashMap<BlockHash, u32, BuildBlockHasher>,
-    /// Singly linked lists of the replicas holding a block: (replica, next node or `NO_NODE`).
-    holder_nodes: Vec<(u32, u32)>,
-    /// Scratch, per replica: leading blocks of the current unit it holds.
+    /// The static part of the tie-break: rank by (running requests, id bytes).
+    order: Vec<u32>,
+    /// Replicas under k for the current unit, by (load, order): the least-loaded is the first.
+    under_k: BTreeSet<(u64, u32)>,
+    /// Replica by `order`, to read `under_k`'s entries.
+    by_order: Vec<u32>,
+    /// Replicas that reached k in the current unit, out of `under_k` until the unit is placed.
+    full: Vec<usize>,
+    /// Placing members beyond k x replicas: every replica stays a candidate.
+    overflowing: bool,
+    /// Every (block, replica) placed in this window.
+    held: HashSet<(BlockHash, u32), BuildBlockHasher>,
+    /// The replicas this window placed each block on (kept when the preference walks them).
+    holders: HashMap<BlockHash, Vec<u32>, BuildBlockHasher>,
+    /// Scratch, per replica: leading blocks of the current unit it holds; nonzero only for the
+    /// replicas in `matched`.
     matches: Vec<usize>,
+    matched: Vec<usize>,
     /// Scratch, per replica: members of the current unit placed on it.
     members_here: Vec<usize>,
     /// Scratch: replicas the current unit touched, in placement order.
@@ -197,174 +459,272 @@ struct Placer<'a> {
 }
 
 impl<'a> Placer<'a> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         replicas: &'a [Replica<'a>],
         params: &'a PlanParams,
         max_share: u64,
+        prefer_from: Option<usize>,
+        load: Vec<u64>,
+        recall: Option<&'a Recall<'a>>,
         total_blocks: usize,
     ) -> Self {
+        let mut by_order: Vec<u32> = (0..replicas.len() as u32).collect();
+        // Stable: equal ids (never in practice) keep index order.
+        by_order.sort_by(|&a, &b| {
+            let key = |r: u32| {
+                let replica = &replicas[r as usize];
+                (replica.running_requests, replica.id.as_bytes())
+            };
+            key(a).cmp(&key(b))
+        });
+        let mut order = vec![0; replicas.len()];
+        for (rank, &replica) in by_order.iter().enumerate() {
+            order[replica as usize] = rank as u32;
+        }
         Placer {
-            replicas,
             params,
+            recall,
+            k: params.max_per_replica.unwrap_or(usize::MAX),
             max_share,
-            load: vec![0; replicas.len()],
-            holders: HashMap::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
-            holder_nodes: Vec::with_capacity(total_blocks),
+            prefer_from,
+            under_k: (0..replicas.len()).map(|r| (load[r], order[r])).collect(),
+            load,
+            order,
+            by_order,
+            full: Vec::new(),
+            overflowing: false,
+            held: HashSet::with_capacity_and_hasher(total_blocks, BuildBlockHasher::default()),
+            holders: HashMap::with_capacity_and_hasher(
+                if prefer_from.is_some() {
+                    total_blocks
+                } else {
+                    0
+                },
+                BuildBlockHasher::default(),
+            ),
             matches: vec![0; replicas.len()],
+            matched: Vec::new(),
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
         }
     }
 
-    fn place(&mut self, unit: &Unit<'_>, assignments: &mut [Option<usize>]) {
-        self.compute_matches(unit.blocks);
-        let k = self.params.max_per_replica.unwrap_or(usize::MAX);
+    fn place(&mut self, unit: &Unit<'_>, plan: &mut Plan) {
+        if self.prefer_from.is_some() {
+            self.walk_holders(unit.blocks);
+        }
+        if self.recall.is_some() {
+            self.keep_held_list(&unit.members, &mut plan.held);
+        }
+        let k = self.k;
         let members = &unit.members;
         let mut next = 0;
-        let mut target = self.first_replica(k);
+        let (mut target, mut source) = self.first_replica(unit.blocks);
         // Fill one replica up to k, then spill to the next least-loaded replica under k.
         loop {
             let take = k.min(members.len() - next);
-            for &member in &members[next..next + take] {
-                self.put(unit, member, target, assignments);
-            }
+            self.put(unit, &members[next..next + take], target, source, plan);
             next += take;
             if next == members.len() {
                 break;
             }
-            match self.least_loaded(|r, placer| placer.members_here[r] < k) {
+            source = Source::LeastLoaded;
+            match self.least_loaded() {
                 Some(replica) => target = replica,
                 None => break,
             }
         }
-        // Members beyond k x replicas: one at a time on the least-loaded replica.
-        for &member in &members[next..] {
-            let replica = self
-                .least_loaded(|_, _| true)
-                .expect("at least one replica");
-            self.put(unit, member, replica, assignments);
+        // Members beyond k x replicas: one at a time on the least-loaded replica, all of them
+        // candidates again.
+        if next < members.len() {
+            self.restore_full();
+            self.overflowing = true;
+            for member in next..members.len() {
+                let replica = self.least_loaded().expect("at least one replica");
+                let one = &members[member..=member];
+                self.put(unit, one, replica, Source::LeastLoaded, plan);
+            }
+            self.overflowing = false;
         }
+        self.restore_full();
         for i in 0..self.touched.len() {
             let replica = self.touched[i];
-            for &block in unit.blocks {
-                self.record_holder(block, replica);
-            }
+            self.record(unit.blocks, replica);
             self.members_here[replica] = 0;
         }
         self.touched.clear();
+        self.clear_matches();
     }
 
-    fn record_holder(&mut self, block: BlockHash, replica: usize) {
-        let next = self.holder_nodes.len() as u32;
-        let replica = replica as u32;
-        let head = match self.holders.get(&block) {
-            Some(&head) if self.holder_list(head).any(|r| r == replica as usize) => return,
-            Some(&head) => head,
-            None => NO_NODE,
-        };
-        self.holder_nodes.push((replica, head));
-        self.holders.insert(block, next);
+    /// Records `blocks` as held by `replica`; its leading `matches` blocks already are.
+    fn record(&mut self, blocks: &[BlockHash], replica: usize) {
+        let r = replica as u32;
+        for &block in &blocks[self.matches[replica]..] {
+            if self.held.insert((block, r)) && self.prefer_from.is_some() {
+                self.holders.entry(block).or_default().push(r);
+            }
+        }
     }
 
-    /// The replicas on the list starting at `node`.
-    fn holder_list(&self, mut node: u32) -> impl Iterator<Item = usize> + '_ {
-        std::iter::from_fn(move || {
-            let (replica, next) = *self.holder_nodes.get(node as usize)?;
-            node = next;
-            Some(replica as usize)
-        })
-    }
-
-    /// The replica a unit starts on: the longest held prefix (>= N) among replicas under the fair
-    /// share, else the least-loaded replica under k, else the least-loaded overall.
-    fn first_replica(&self, k: usize) -> usize {
-        let n = self.params.min_colocate_blocks;
-        let preferred = if n > 0 {
-            (0..self.replicas.len())
-                .filter(|&r| {
-                    self.matches[r] >= n
-                        && self.load[r] < self.max_share
-                        && self.members_here[r] < k
-                })
+    /// The replica a unit starts on, and why: the longest held prefix (at least the
+    /// preference's blocks) among replicas under the fair share, else the least-loaded replica
+    /// (every replica is under k when a unit starts).
+    fn first_replica(&self, blocks: &[BlockHash]) -> (usize, Source) {
+        let preferred = self.prefer_from.and_then(|need| {
+            let best = self
+                .matched
+                .iter()
+                .copied()
+                .filter(|&r| self.matches[r] >= need && self.load[r] < self.max_share)
                 .max_by(|&a, &b| {
                     self.matches[a]
                         .cmp(&self.matches[b])
-                        .then_with(|| self.tie_break(b, a))
-                })
-        } else {
-            None
-        };
-        preferred
-            .or_else(|| self.least_loaded(|r, placer| placer.members_here[r] < k))
-            .or_else(|| self.least_loaded(|_, _| true))
-            .expect("at least one replica")
+                        .then_with(|| self.key(b).cmp(&self.key(a)))
+                })?;
+            // From memory when this window's placements alone would not have preferred it.
+            let source = if self.recall.is_some() && self.held_prefix(blocks, best) < need {
+                Source::Memory
+            } else {
+                Source::Window
+            };
+            Some((best, source))
+        });
+        preferred.unwrap_or_else(|| {
+            let replica = self.least_loaded().expect("at least one replica");
+            (replica, Source::LeastLoaded)
+        })
     }
 
+    /// Places `members` (of one unit) on `replica`.
     fn put(
         &mut self,
         unit: &Unit<'_>,
-        member: usize,
+        members: &[usize],
         replica: usize,
-        assignments: &mut [Option<usize>],
+        source: Source,
+        plan: &mut Plan,
     ) {
+        let indexed = self.under_k.remove(&self.key(replica));
         if self.members_here[replica] == 0 {
             self.touched.push(replica);
+            if self.prefer_from.is_none() {
+                // Not walked: look up only what this replica holds.
+                let held = self.held_prefix(unit.blocks, replica);
+                if held > 0 {
+                    self.matches[replica] = held;
+                    self.matched.push(replica);
+                }
+            }
             if self.params.balance_by == BalanceBy::Tokens {
                 // A prefix already held on this replica is not prefilled again.
                 self.load[replica] += (unit.blocks.len() - self.matches[replica]) as u64;
             }
         }
         if self.params.balance_by == BalanceBy::Requests {
-            self.load[replica] += 1;
+            self.load[replica] += members.len() as u64;
         }
-        self.members_here[replica] += 1;
-        assignments[member] = Some(replica);
-    }
-
-    /// `matches[r]` = leading blocks of `blocks` held by replica r; the walk stops at the first
-    /// unheld block.
-    fn compute_matches(&mut self, blocks: &[BlockHash]) {
-        self.matches.fill(0);
-        let mut live: Vec<usize> = Vec::new();
-        for (depth, block) in blocks.iter().enumerate() {
-            let Some(&head) = self.holders.get(block) else {
-                break;
-            };
-            if depth == 0 {
-                live.extend(self.holder_list(head));
+        self.members_here[replica] += members.len();
+        for &member in members {
+            plan.assignments[member] = Some(replica);
+            plan.sources[member] = Some(source);
+        }
+        if indexed {
+            if self.overflowing || self.members_here[replica] < self.k {
+                self.under_k.insert(self.key(replica));
             } else {
-                live.retain(|&r| self.holder_list(head).any(|h| h == r));
-            }
-            if live.is_empty() {
-                break;
-            }
-            for &replica in &live {
-                self.matches[replica] = depth + 1;
+                self.full.push(replica);
             }
         }
     }
 
-    /// Step 6: lower window load, then lower live running count, then the lower id.
-    fn tie_break(&self, a: usize, b: usize) -> Ordering {
-        let key = |r: usize| {
-            (
-                self.load[r],
-                self.replicas[r].running_requests,
-                self.replicas[r].id.as_bytes(),
-            )
-        };
-        key(a).cmp(&key(b))
+    /// Puts the replicas that reached k in this unit back among the candidates.
+    fn restore_full(&mut self) {
+        for i in 0..self.full.len() {
+            let replica = self.full[i];
+            self.under_k.insert(self.key(replica));
+        }
+        self.full.clear();
     }
 
-    fn least_loaded(&self, eligible: impl Fn(usize, &Self) -> bool) -> Option<usize> {
-        (0..self.replicas.len())
-            .filter(|&r| eligible(r, self))
-            .min_by(|&a, &b| self.tie_break(a, b))
+    /// Leading blocks of `blocks` that this window placed on `replica`.
+    fn held_prefix(&self, blocks: &[BlockHash], replica: usize) -> usize {
+        let r = replica as u32;
+        blocks
+            .iter()
+            .take_while(|&&block| self.held.contains(&(block, r)))
+            .count()
+    }
+
+    /// `matches[r]` = leading blocks of `blocks` held by r (in this window or, with memory, in
+    /// its model), for every replica holding any: a holder of block i advances only if it held
+    /// blocks 0..i, so each holder of each walked block is visited once; the walk stops at the
+    /// first block on which no holder advanced.
+    fn walk_holders(&mut self, blocks: &[BlockHash]) {
+        let (matches, matched) = (&mut self.matches, &mut self.matched);
+        let mut advance = |holder: usize, depth: usize| {
+            if matches[holder] == depth {
+                matches[holder] = depth + 1;
+                if depth == 0 {
+                    matched.push(holder);
+                }
+                true
+            } else {
+                false
+            }
+        };
+        for (depth, block) in blocks.iter().enumerate() {
+            let mut advanced = false;
+            if let Some(holders) = self.holders.get(block) {
+                for &holder in holders {
+                    advanced |= advance(holder as usize, depth);
+                }
+            }
+            if let Some(recall) = self.recall {
+                for holder in recall.holders(*block) {
+                    advanced |= advance(holder, depth);
+                }
+            }
+            if !advanced {
+                break;
+            }
+        }
+    }
+
+    /// Keeps the walk's matches as the held list of `members`.
+    fn keep_held_list(&self, members: &[usize], held: &mut HeldPrefixes) {
+        if self.matched.is_empty() {
+            return;
+        }
+        let mut list: Vec<(usize, usize)> =
+            self.matched.iter().map(|&r| (r, self.matches[r])).collect();
+        list.sort_unstable();
+        let index = held.lists.len() as u32;
+        held.lists.push(list);
+        for &member in members {
+            held.list_of[member] = index;
+        }
+    }
+
+    fn clear_matches(&mut self) {
+        for &replica in &self.matched {
+            self.matches[replica] = 0;
+        }
+        self.matched.clear();
+    }
+
+    /// Step 6's order: lower window load, then fewer running requests, then the lower id.
+    fn key(&self, replica: usize) -> (u64, u32) {
+        (self.load[replica], self.order[replica])
+    }
+
+    /// The least-loaded replica under k for the current unit.
+    fn least_loaded(&self) -> Option<usize> {
+        self.under_k
+            .first()
+            .map(|&(_, rank)| self.by_order[rank as usize] as usize)
     }
 }
-
-/// The end of a holder list.
-const NO_NODE: u32 = u32::MAX;
 
 /// A block-hash sequence as a map key. Chained hashes make the last block stand for the whole
 /// sequence, so only it (and the length) is hashed; equality still compares every block.
@@ -379,7 +739,7 @@ impl Hash for Chain<'_> {
 
 /// Block hashes are already XXH64 outputs: spread them with one multiply instead of SipHash.
 #[derive(Default)]
-struct BlockHasher(u64);
+pub(crate) struct BlockHasher(u64);
 
 impl Hasher for BlockHasher {
     fn finish(&self) -> u64 {
@@ -396,12 +756,16 @@ impl Hasher for BlockHasher {
         self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
     fn write_usize(&mut self, value: usize) {
         self.write_u64(value as u64);
     }
 }
 
-type BuildBlockHasher = BuildHasherDefault<BlockHasher>;
+pub(crate) type BuildBlockHasher = BuildHasherDefault<BlockHasher>;
 
 #[cfg(test)]
 mod tests;

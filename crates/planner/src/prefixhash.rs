@@ -9,7 +9,7 @@ use xxhash_rust::xxh64::{xxh64, Xxh64};
 /// One chained block hash.
 pub type BlockHash = u64;
 
-/// The cap on blocks per request when `maxPrefixTokensToMatch` is 0.
+/// The cap on blocks per prompt when `maxPrefixTokensToMatch` is 0.
 pub const DEFAULT_MAX_BLOCKS: usize = 2048;
 
 /// A prompt as the hasher sees it.
@@ -36,7 +36,7 @@ impl Prompt<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockSpec {
     pub block_size_tokens: usize,
-    /// Total blocks kept per request, across all its prompts.
+    /// Blocks kept per prompt (llm-d's `computeBlockHashes` caps each prompt, not the request).
     pub max_blocks: usize,
 }
 
@@ -65,8 +65,8 @@ pub fn chain_seed(model: &str, cache_salt: &str) -> BlockHash {
     hasher.digest()
 }
 
-/// Block hashes of one request, per non-empty prompt (empty prompts are skipped), with at most
-/// `spec.max_blocks` blocks in total.
+/// Block hashes of one request, per non-empty prompt (empty prompts are skipped), each prompt
+/// capped at `spec.max_blocks` blocks.
 pub fn hash_prompts(
     model: &str,
     cache_salt: &str,
@@ -75,14 +75,10 @@ pub fn hash_prompts(
 ) -> Vec<Vec<BlockHash>> {
     let seed = chain_seed(model, cache_salt);
     let block_bytes = spec.block_size_tokens * 4;
-    let mut budget = spec.max_blocks;
     #[cfg(not(target_endian = "little"))]
     let mut token_bytes = Vec::new();
     let mut chains = Vec::new();
     for prompt in prompts {
-        if budget == 0 {
-            break;
-        }
         let bytes: &[u8] = match prompt {
             Prompt::Text(text) => text.as_bytes(),
             // On little-endian machines the token slice already is its LE bytes: no copy.
@@ -98,19 +94,22 @@ pub fn hash_prompts(
         if bytes.is_empty() {
             continue;
         }
-        let chain = hash_chain(seed, bytes, block_bytes, budget);
-        budget -= chain.len();
-        chains.push(chain);
+        chains.push(hash_chain(seed, bytes, block_bytes, spec.max_blocks));
     }
     chains
 }
 
 /// Hashes `bytes` (LE u32 token bytes, or text whose last block is zero-padded to 4 bytes here)
-/// into at most `budget` chained blocks.
-fn hash_chain(seed: BlockHash, bytes: &[u8], block_bytes: usize, budget: usize) -> Vec<BlockHash> {
+/// into at most `max_blocks` chained blocks.
+fn hash_chain(
+    seed: BlockHash,
+    bytes: &[u8],
+    block_bytes: usize,
+    max_blocks: usize,
+) -> Vec<BlockHash> {
     let mut prev = seed;
-    let mut chain = Vec::with_capacity(bytes.len().div_ceil(block_bytes).min(budget));
-    for block in bytes.chunks(block_bytes).take(budget) {
+    let mut chain = Vec::with_capacity(bytes.len().div_ceil(block_bytes).min(max_blocks));
+    for block in bytes.chunks(block_bytes).take(max_blocks) {
         let content = if block.len() % 4 == 0 {
             xxh64(block, 0)
         } else {
@@ -230,23 +229,38 @@ mod tests {
     }
 
     #[test]
-    fn cap_counts_blocks_across_prompts() {
-        let tokens: Vec<u32> = (1..=10).collect();
-        // 8 tokens / 4 per block = 2 blocks in total.
+    fn cap_applies_per_prompt() {
+        // SPEC §1's vector (computed by llm-d's own Go code): maxBlocks 2, for each prompt.
+        let first: Vec<u32> = (1..=10).collect();
+        let second: Vec<u32> = (11..=20).collect();
         let capped = hash_prompts(
             "m",
             "",
-            &[Prompt::Tokens(&tokens), Prompt::Tokens(&tokens)],
+            &[Prompt::Tokens(&first), Prompt::Tokens(&second)],
             BlockSpec::new(4, 8),
         );
-        assert_eq!(capped, vec![vec![0xff375b446cd15b25, 0xd0e13dbe79e3cd40]]);
+        assert_eq!(
+            capped,
+            vec![
+                vec![0xff375b446cd15b25, 0xd0e13dbe79e3cd40],
+                vec![0xdcd7cb35837e16f6, 0x0dfd351685de08aa],
+            ]
+        );
+        // A cap above a prompt's length keeps all of it, and each prompt is capped on its own.
         let capped = hash_prompts(
             "m",
             "",
-            &[Prompt::Tokens(&tokens), Prompt::Tokens(&tokens)],
+            &[Prompt::Tokens(&first), Prompt::Tokens(&first[..4])],
+            BlockSpec::new(4, 8),
+        );
+        assert_eq!(capped.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 1]);
+        let capped = hash_prompts(
+            "m",
+            "",
+            &[Prompt::Tokens(&first), Prompt::Tokens(&first)],
             BlockSpec::new(4, 16),
         );
-        assert_eq!(capped.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(capped.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 3]);
         assert_eq!(BlockSpec::new(64, 0).max_blocks, DEFAULT_MAX_BLOCKS);
         assert_eq!(BlockSpec::new(64, 100).max_blocks, 1);
     }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use burst_prefix_api::{BalanceBy, PlannerConfig};
+use burst_prefix_api::{BalanceBy, MemoryConfig, PlannerConfig};
 use clap::{Args, ValueEnum};
 
 use crate::chart;
@@ -11,7 +11,7 @@ use crate::policy::{
 };
 use crate::report::{PolicyReport, Report};
 use crate::simulate::{lower_bound, simulate, Cluster};
-use crate::workload::{hash_steps, Agentic, Grpo, Multiturn, Workload};
+use crate::workload::{hash_steps, Agentic, Grpo, Mixed, Multiturn, Workload};
 
 /// The workload to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -24,6 +24,12 @@ pub enum WorkloadKind {
     /// Chat sessions: each step, one more turn of each of --sessions sessions, whose prompts
     /// grow turn by turn.
     Multiturn,
+    /// All three on one cluster, --steps rounds of three windows: every window about half of
+    /// --sessions sessions take a turn (trickling in), the first of a round adds a GRPO burst
+    /// (--prompts / 4 prompts x --samples, on a 256-token template), the second an agent
+    /// fan-out (--fanout / 4 on a 4096-token system prompt). Per-part lengths are each
+    /// workload's defaults.
+    Mixed,
 }
 
 /// `balanceBy` of the burst policy.
@@ -55,7 +61,8 @@ pub struct SimulateArgs {
     /// Tokens per prefix block.
     #[arg(long, default_value_t = 64)]
     pub block_size_tokens: i64,
-    /// Steps (bursts of requests that arrive together); for multiturn, turns per session.
+    /// Steps (bursts of requests that arrive together); for multiturn, turns per session; for
+    /// mixed, rounds of three windows.
     #[arg(long, default_value_t = 4)]
     pub steps: usize,
 
@@ -101,6 +108,14 @@ pub struct SimulateArgs {
     /// in length, as in examples/rl-rollout-policy.yaml.
     #[arg(long, value_enum, default_value_t = BalanceByArg::Tokens, help_heading = "Burst policy")]
     pub balance_by: BalanceByArg,
+    /// memory.loadHalfLifeMs of the burst policy: load carried over from earlier windows halves
+    /// every this many ms (steps are --step-ms apart). Its cache model holds --cache-blocks
+    /// blocks per replica (memory.cacheTokensPerReplica = cache blocks x block size).
+    #[arg(long, default_value_t = 10_000, help_heading = "Burst policy")]
+    pub load_half_life_ms: i64,
+    /// Simulated time between two steps, for the memory's clock.
+    #[arg(long, default_value_t = 1_000, help_heading = "Burst policy")]
+    pub step_ms: u64,
 
     /// cache-aware: follow the best prefix match when it covers more than this share of a prompt.
     #[arg(
@@ -172,7 +187,18 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
         Box::new(LeastLoaded::new(replicas)),
         Box::new(ApproxPrefix::new(replicas, index_blocks)),
         Box::new(CacheAware::new(replicas, index_blocks, cache_aware)),
-        Box::new(Burst::new(replicas, config.plan_params())),
+        Box::new(Burst::new(
+            replicas,
+            config.plan_params(),
+            config.memory_settings(),
+            args.step_ms,
+        )),
+        Box::new(Burst::new(
+            replicas,
+            config.plan_params(),
+            None,
+            args.step_ms,
+        )),
     ];
     let bound = lower_bound(&steps);
     let report = Report {
@@ -210,6 +236,12 @@ fn planner_config(args: &SimulateArgs) -> Result<PlannerConfig, String> {
             BalanceByArg::Requests => BalanceBy::Requests,
             BalanceByArg::Tokens => BalanceBy::Tokens,
         },
+        memory: MemoryConfig {
+            enabled: true,
+            cache_tokens_per_replica: (args.cache_blocks as i64)
+                .saturating_mul(args.block_size_tokens),
+            load_half_life_ms: args.load_half_life_ms,
+        },
         ..PlannerConfig::default()
     };
     config.validate().map_err(|e| {
@@ -217,6 +249,11 @@ fn planner_config(args: &SimulateArgs) -> Result<PlannerConfig, String> {
             .replace("maxPerReplica", "--max-per-replica")
             .replace("blockSizeTokens", "--block-size-tokens")
             .replace("minColocateBlocks", "--min-colocate-blocks")
+            .replace(
+                "memory.cacheTokensPerReplica",
+                "--cache-blocks x --block-size-tokens",
+            )
+            .replace("memory.loadHalfLifeMs", "--load-half-life-ms")
     })?;
     Ok(config)
 }
@@ -226,7 +263,7 @@ fn workload(args: &SimulateArgs) -> Result<Workload, String> {
     let (shared, min, max) = match args.workload {
         WorkloadKind::Grpo => (0, 256, 2048),
         WorkloadKind::Agentic => (4096, 64, 512),
-        WorkloadKind::Multiturn => (512, 128, 512),
+        WorkloadKind::Multiturn | WorkloadKind::Mixed => (512, 128, 512),
     };
     let shared = args.shared_prefix_tokens.unwrap_or(shared);
     let min_tokens = args.min_tokens.unwrap_or(min);
@@ -270,6 +307,31 @@ fn workload(args: &SimulateArgs) -> Result<Workload, String> {
             min_tokens,
             max_tokens,
         }),
+        WorkloadKind::Mixed => Workload::Mixed(Mixed {
+            rounds: steps,
+            grpo: Grpo {
+                steps,
+                prompts: at_least_one("prompts", args.prompts)?.div_ceil(4),
+                samples: at_least_one("samples", args.samples)?,
+                shared_prefix_tokens: 256,
+                min_tokens: 256,
+                max_tokens: 2048,
+            },
+            agentic: Agentic {
+                steps,
+                fanout: at_least_one("fanout", args.fanout)?.div_ceil(4),
+                system_prompt_tokens: 4096,
+                min_tokens: 64,
+                max_tokens: 512,
+            },
+            multiturn: Multiturn {
+                steps,
+                sessions: at_least_one("sessions", args.sessions)?,
+                system_prompt_tokens: shared,
+                min_tokens,
+                max_tokens,
+            },
+        }),
     })
 }
 
@@ -310,6 +372,7 @@ mod tests {
             "approx-prefix",
             "cache-aware",
             "burst",
+            "burst-nomem",
         ] {
             assert!(
                 table.lines().any(|line| line.starts_with(policy)),
@@ -329,7 +392,7 @@ mod tests {
         assert_eq!(first, run(&parse(&flags)).unwrap());
         let json: serde_json::Value = serde_json::from_str(&first).unwrap();
         assert_eq!(json["workload"], "grpo");
-        assert_eq!(json["policies"].as_array().unwrap().len(), 5);
+        assert_eq!(json["policies"].as_array().unwrap().len(), 6);
         assert!(std::fs::read_to_string(&svg).unwrap().contains("burst"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -4,7 +4,9 @@
 //! caches. "Load" is the number of requests a policy has sent to a replica in the current step:
 //! a step's requests run concurrently and the previous step's have finished.
 
-use burst_prefix_planner::{assign, BatchRequest, PlanParams, Replica};
+use burst_prefix_planner::{
+    assign, assign_with_memory, BatchRequest, Memory, MemorySettings, PlanParams, Replica,
+};
 
 use crate::cache::BlockCache;
 use crate::workload::HashedRequest;
@@ -218,29 +220,45 @@ impl Policy for CacheAware {
     }
 }
 
-/// Ours: the real planner ([`assign`], SPEC §4) on each step's window. Requests it gives no
-/// affinity go to the least loaded replica (by requests of the step), as a gateway's load
-/// scorers would send them.
+/// Ours: the real planner on each step's window, with memory across windows ([`assign_with_memory`],
+/// SPEC §7: `burst`) or without ([`assign`], SPEC §4 exactly: `burst-nomem`). Requests it gives
+/// no affinity go to the least loaded replica (by requests of the step), as a gateway's load
+/// scorers would send them. Steps are `step_ms` apart on the memory's clock.
 #[derive(Debug)]
 pub struct Burst {
     ids: Vec<String>,
     params: PlanParams,
+    memory: Option<Memory>,
+    step_ms: u64,
+    now_ms: u64,
 }
 
 impl Burst {
-    pub fn new(replicas: usize, params: PlanParams) -> Self {
+    pub fn new(
+        replicas: usize,
+        params: PlanParams,
+        memory: Option<MemorySettings>,
+        step_ms: u64,
+    ) -> Self {
         // Zero-padded, so that the planner's byte-wise id tie-break follows the index.
         let width = replicas.saturating_sub(1).to_string().len();
         Burst {
             ids: (0..replicas).map(|r| format!("r{r:0width$}")).collect(),
             params,
+            memory: memory.map(Memory::new),
+            step_ms,
+            now_ms: 0,
         }
     }
 }
 
 impl Policy for Burst {
     fn name(&self) -> &'static str {
-        "burst"
+        if self.memory.is_some() {
+            "burst"
+        } else {
+            "burst-nomem"
+        }
     }
 
     fn route(&mut self, step: &[HashedRequest]) -> Vec<usize> {
@@ -259,7 +277,13 @@ impl Policy for Burst {
                 allowed_replicas: None,
             })
             .collect();
-        let plan = assign(&batch, &replicas, &self.params);
+        let plan = match &mut self.memory {
+            Some(memory) => {
+                assign_with_memory(&batch, &replicas, &self.params, memory, self.now_ms)
+            }
+            None => assign(&batch, &replicas, &self.params),
+        };
+        self.now_ms += self.step_ms;
         let mut loads = vec![0; replicas.len()];
         for &replica in plan.assignments.iter().flatten() {
             loads[replica] += 1;
@@ -354,11 +378,29 @@ mod tests {
             min_colocate_blocks: 0,
             balance_by: BalanceBy::Requests,
         };
-        let mut policy = Burst::new(2, params);
+        let mut policy = Burst::new(2, params, None, 1_000);
+        assert_eq!(policy.name(), "burst-nomem");
         let mut step = vec![request(&[1, 2]); 3];
         step.push(request(&[9]));
         step.push(request(&[8]));
         // The group of three on r0; the lone requests have no affinity: least loaded.
         assert_eq!(policy.route(&step), vec![0, 0, 0, 1, 1]);
+    }
+
+    #[test]
+    fn burst_with_memory_keeps_a_session_where_it_was() {
+        let params = PlanParams::default();
+        let settings = MemorySettings {
+            capacity_blocks: std::num::NonZeroUsize::new(100).unwrap(),
+            load_half_life_ms: 1_000,
+        };
+        let mut policy = Burst::new(2, params, Some(settings), 1_000);
+        assert_eq!(policy.name(), "burst");
+        // Two sessions sharing a first block: placed apart by the fair share.
+        let first = policy.route(&[request(&[1, 2]), request(&[1, 3])]);
+        assert_ne!(first[0], first[1]);
+        // Their next turns, in the other order, go back where they were.
+        let second = policy.route(&[request(&[1, 3, 5]), request(&[1, 2, 4])]);
+        assert_eq!(second, vec![first[1], first[0]]);
     }
 }

@@ -55,12 +55,29 @@ pub struct Multiturn {
     pub max_tokens: usize,
 }
 
+/// Everything at once, on one cluster: rounds of three windows. Every window, each chat session
+/// takes its next turn with probability 1/2 (turns trickle in, a few per window); the first
+/// window of a round also carries a GRPO burst and the second an agent fan-out, each family on
+/// its own shared prefix (chat system prompt, agent system prompt, GRPO template).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mixed {
+    pub rounds: usize,
+    pub grpo: Grpo,
+    pub agentic: Agentic,
+    pub multiturn: Multiturn,
+}
+
+impl Mixed {
+    pub const WINDOWS_PER_ROUND: usize = 3;
+}
+
 /// A workload's shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Workload {
     Grpo(Grpo),
     Agentic(Agentic),
     Multiturn(Multiturn),
+    Mixed(Mixed),
 }
 
 impl Workload {
@@ -69,6 +86,7 @@ impl Workload {
             Workload::Grpo(_) => "grpo",
             Workload::Agentic(_) => "agentic",
             Workload::Multiturn(_) => "multiturn",
+            Workload::Mixed(_) => "mixed",
         }
     }
 
@@ -78,6 +96,15 @@ impl Workload {
             Workload::Grpo(w) => w.shared_prefix_tokens + w.max_tokens,
             Workload::Agentic(w) => w.system_prompt_tokens + w.max_tokens,
             Workload::Multiturn(w) => w.system_prompt_tokens + w.steps * w.max_tokens,
+            Workload::Mixed(w) => [
+                w.grpo.shared_prefix_tokens + w.grpo.max_tokens,
+                w.agentic.system_prompt_tokens + w.agentic.max_tokens,
+                w.multiturn.system_prompt_tokens
+                    + w.rounds * Mixed::WINDOWS_PER_ROUND * w.multiturn.max_tokens,
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0),
         }
     }
 
@@ -88,6 +115,7 @@ impl Workload {
             Workload::Grpo(w) => grpo(w, &mut rng),
             Workload::Agentic(w) => agentic(w, &mut rng),
             Workload::Multiturn(w) => multiturn(w, &mut rng),
+            Workload::Mixed(w) => mixed(w, &mut rng),
         };
         for step in &mut steps {
             rng.shuffle(step);
@@ -141,6 +169,45 @@ fn multiturn(w: &Multiturn, rng: &mut SplitMix64) -> Vec<Vec<Tokens>> {
                     history.clone()
                 })
                 .collect()
+        })
+        .collect()
+}
+
+fn mixed(w: &Mixed, rng: &mut SplitMix64) -> Vec<Vec<Tokens>> {
+    let template = rng.tokens(w.grpo.shared_prefix_tokens, VOCABULARY);
+    let agent_system = rng.tokens(w.agentic.system_prompt_tokens, VOCABULARY);
+    let chat_system = rng.tokens(w.multiturn.system_prompt_tokens, VOCABULARY);
+    let mut histories = vec![chat_system; w.multiturn.sessions];
+    (0..w.rounds * Mixed::WINDOWS_PER_ROUND)
+        .map(|window| {
+            let mut step = Vec::new();
+            for history in &mut histories {
+                if rng.below(2) == 0 {
+                    let added = rng.between(w.multiturn.min_tokens, w.multiturn.max_tokens);
+                    history.extend(rng.tokens(added, VOCABULARY));
+                    step.push(history.clone());
+                }
+            }
+            match window % Mixed::WINDOWS_PER_ROUND {
+                0 => {
+                    for _ in 0..w.grpo.prompts {
+                        let own = rng.between(w.grpo.min_tokens, w.grpo.max_tokens);
+                        let mut prompt = template.clone();
+                        prompt.extend(rng.tokens(own, VOCABULARY));
+                        step.extend(std::iter::repeat_n(prompt, w.grpo.samples));
+                    }
+                }
+                1 => {
+                    for _ in 0..w.agentic.fanout {
+                        let own = rng.between(w.agentic.min_tokens, w.agentic.max_tokens);
+                        let mut prompt = agent_system.clone();
+                        prompt.extend(rng.tokens(own, VOCABULARY));
+                        step.push(prompt);
+                    }
+                }
+                _ => {}
+            }
+            step
         })
         .collect()
 }
@@ -265,6 +332,50 @@ mod tests {
         .generate(2);
         let head = &steps[0][0][..8];
         assert!(steps[0].iter().all(|p| &p[..8] == head));
+    }
+
+    #[test]
+    fn mixed_interleaves_bursts_fan_outs_and_trickling_turns() {
+        let workload = Workload::Mixed(Mixed {
+            rounds: 2,
+            grpo: Grpo {
+                steps: 0,
+                prompts: 2,
+                samples: 3,
+                shared_prefix_tokens: 4,
+                min_tokens: 1,
+                max_tokens: 2,
+            },
+            agentic: Agentic {
+                steps: 0,
+                fanout: 5,
+                system_prompt_tokens: 8,
+                min_tokens: 1,
+                max_tokens: 2,
+            },
+            multiturn: Multiturn {
+                steps: 0,
+                sessions: 40,
+                system_prompt_tokens: 6,
+                min_tokens: 1,
+                max_tokens: 2,
+            },
+        });
+        let steps = workload.generate(5);
+        assert_eq!(steps.len(), 6);
+        let turns = |step: &Vec<Tokens>| step.len();
+        // A burst (6) or a fan-out (5) on top of about half of the 40 sessions' turns.
+        for (i, step) in steps.iter().enumerate() {
+            let extra = [6, 5, 0][i % 3];
+            assert!(
+                (5..=35).contains(&(turns(step) - extra)),
+                "window {i}: {}",
+                step.len()
+            );
+        }
+        assert!(
+            workload.max_prompt_tokens() >= steps.iter().flatten().map(Vec::len).max().unwrap()
+        );
     }
 
     #[test]

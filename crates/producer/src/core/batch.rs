@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_planner::{assign, BatchRequest, BlockHash, BlockSpec, Plan, PlanParams, Replica};
+use burst_prefix_planner::{
+    assign, assign_with_memory, BatchRequest, BlockHash, BlockSpec, Memory, Plan, PlanParams,
+    Replica,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -42,11 +45,13 @@ impl HashedRequest {
 }
 
 /// Plans one batch: endpoint ids in the requests' lists are mapped to replica indices (unknown
-/// ids are ignored), then the planner decides.
+/// ids are ignored), then the planner decides, with `memory` (and the time in ms on its clock)
+/// when given.
 pub fn plan_batch(
     params: &PlanParams,
     replicas: &[Replica<'_>],
     requests: &[HashedRequest],
+    memory: Option<(&mut Memory, u64)>,
 ) -> Plan {
     let index: HashMap<&str, usize> = replicas
         .iter()
@@ -71,7 +76,10 @@ pub fn plan_batch(
             allowed_replicas: allowed.as_deref(),
         })
         .collect();
-    assign(&batch, replicas, params)
+    match memory {
+        Some((memory, now_ms)) => assign_with_memory(&batch, replicas, params, memory, now_ms),
+        None => assign(&batch, replicas, params),
+    }
 }
 
 /// Input of `plan` and `POST /v1/plan`. Request bodies stay raw JSON until each is parsed.
@@ -219,7 +227,8 @@ pub fn plan_input(input: &PlanInput<'_>, bounds: &PlanBounds<'_>) -> Result<Plan
             running_requests: replica.running_requests,
         })
         .collect();
-    let plan = plan_batch(&input.config.plan_params(), &replicas, &hashed);
+    // A batch planned on its own: no memory of other batches (SPEC §4 exactly).
+    let plan = plan_batch(&input.config.plan_params(), &replicas, &hashed, None);
     let assignments = input
         .requests
         .iter()

@@ -207,6 +207,7 @@ mod tests {
             waited: Duration::ZERO,
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(ProducerConfig::from_yaml(&yaml).unwrap(), 1)),
+            memory: None,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod config_store;
 pub mod endpoints;
 pub mod error;
+pub mod memory;
 pub mod metrics;
 pub mod request;
 pub mod window;

@@ -28,10 +28,11 @@ use std::time::{Duration, Instant};
 use burst_prefix_planner::{BlockHash, Plan, Replica};
 use tokio::sync::oneshot;
 
-use super::batch::{plan_batch, HashedRequest};
+use super::batch::HashedRequest;
 use super::config_store::{ConfigStore, Snapshot};
 use super::endpoints::LiveEndpoints;
 use super::error::PlaceError;
+use super::memory::{PlannerMemory, RequestHeld, WindowHeld};
 use super::metrics::{Metrics, Outcome, SealReason};
 
 /// How long before a window's deadline the (millisecond-granular) tokio timer wakes; the rest
@@ -61,6 +62,20 @@ pub struct Placement {
     pub sealed_by: SealReason,
     /// The config the window was planned with.
     pub snapshot: Arc<Snapshot>,
+    /// With memory (SPEC §7): what each endpoint held of the request when it was placed.
+    pub memory: Option<RequestHeld>,
+}
+
+impl Placement {
+    /// `matchBlocks` for endpoint `endpoint` (a config index), SPEC §5: every block on the
+    /// assigned replica; elsewhere, with memory, the leading blocks the endpoint held; else 0.
+    pub fn match_blocks(&self, endpoint: usize) -> usize {
+        if self.assigned == Some(endpoint) {
+            self.total_blocks
+        } else {
+            self.memory.as_ref().map_or(0, |held| held.blocks(endpoint))
+        }
+    }
 }
 
 /// The planning of a request's window was lost (the planner panicked); logged where it happened.
@@ -69,8 +84,9 @@ pub struct Abandoned;
 
 pub struct Window {
     state: Mutex<State>,
-    /// Held while a window is planned: windows are planned one at a time.
-    planning: Mutex<()>,
+    /// Held while a window is planned: windows are planned one at a time, each with the
+    /// policy's memory of the earlier ones.
+    planning: Mutex<PlannerMemory>,
     store: Arc<ConfigStore>,
     live: Arc<LiveEndpoints>,
     metrics: Arc<Metrics>,
@@ -182,7 +198,7 @@ impl Window {
     ) -> Arc<Self> {
         Arc::new(Window {
             state: Mutex::new(State::default()),
-            planning: Mutex::new(()),
+            planning: Mutex::new(PlannerMemory::new(metrics.registry())),
             store,
             live,
             metrics,
@@ -438,11 +454,11 @@ impl Window {
     async fn plan_and_release(self: Arc<Self>, sealed: Sealed) {
         let window = self.clone();
         let planned = tokio::task::spawn_blocking(move || {
-            let _one_at_a_time = window
+            let mut memory = window
                 .planning
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            plan(sealed, &window.live)
+            plan(sealed, &window.live, &mut memory)
         });
         let result = planned.await;
         self.lock().sealed -= 1;
@@ -476,12 +492,13 @@ struct Planned {
     requests: Vec<HashedRequest>,
     waiters: Vec<(Instant, oneshot::Sender<Placement>)>,
     plan: Plan,
+    held: Option<Arc<WindowHeld>>,
     plan_seconds: f64,
 }
 
 /// Plans a sealed window (`None` when all its requests went away) on the endpoints usable now,
 /// with their requests in flight as running requests.
-fn plan(sealed: Sealed, live: &LiveEndpoints) -> Option<Planned> {
+fn plan(sealed: Sealed, live: &LiveEndpoints, memory: &mut PlannerMemory) -> Option<Planned> {
     if sealed.slots.is_empty() {
         tracing::debug!(
             window = sealed.id,
@@ -505,11 +522,12 @@ fn plan(sealed: Sealed, live: &LiveEndpoints) -> Option<Planned> {
                 + live.in_flight(&endpoints[i].id),
         })
         .collect();
-    let mut plan = plan_batch(&sealed.snapshot.settings.plan, &replicas, &requests);
+    let mut plan = memory.plan(&sealed.snapshot, &replicas, &requests);
     // Back from the usable list to the config's endpoint indices.
     for assigned in plan.assignments.iter_mut().flatten() {
         *assigned = usable[*assigned];
     }
+    let held = WindowHeld::new(std::mem::take(&mut plan.held), usable);
     Some(Planned {
         id: sealed.id,
         reason: sealed.reason,
@@ -518,6 +536,7 @@ fn plan(sealed: Sealed, live: &LiveEndpoints) -> Option<Planned> {
         requests,
         waiters,
         plan,
+        held,
     })
 }
 
@@ -527,7 +546,9 @@ fn release(planned: Planned, metrics: &Metrics) {
     let released = Instant::now();
     let (mut assigned, mut no_affinity, mut cancelled) = (0, 0, 0);
     let members = planned.requests.into_iter().zip(planned.waiters);
-    for ((request, (joined, reply)), replica) in members.zip(&planned.plan.assignments) {
+    for (index, ((request, (joined, reply)), replica)) in
+        members.zip(&planned.plan.assignments).enumerate()
+    {
         let waited = released.saturating_duration_since(joined);
         let placement = Placement {
             assigned: *replica,
@@ -539,6 +560,7 @@ fn release(planned: Planned, metrics: &Metrics) {
             waited,
             sealed_by: planned.reason,
             snapshot: planned.snapshot.clone(),
+            memory: RequestHeld::new(&planned.held, index),
         };
         metrics.request_wait_seconds.observe(waited.as_secs_f64());
         if reply.send(placement).is_err() {

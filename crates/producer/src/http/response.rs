@@ -1,5 +1,6 @@
 //! What a `POST /v1/produce` request gets back (SPEC §5): per candidate endpoint, the blocks it
-//! matches (all of them on the assigned replica, none elsewhere) and the score.
+//! matches (all of them on the assigned replica; elsewhere what memory says it holds, else none)
+//! and the score.
 
 use serde::{Deserialize, Serialize};
 
@@ -66,26 +67,23 @@ impl ProduceResponse {
             config
                 .endpoints
                 .iter()
-                .filter(|endpoint| candidates.is_none_or(|ids| ids.contains(&endpoint.id)))
-                .map(|endpoint| {
-                    let matched = if assigned.is_some_and(|a| a.id == endpoint.id) {
-                        total
+                .enumerate()
+                .filter(|(_, endpoint)| candidates.is_none_or(|ids| ids.contains(&endpoint.id)))
+                .map(|(index, endpoint)| (endpoint, placement.match_blocks(index)))
+                // Before building entries: at 10,000 endpoints, cloning every id and address only
+                // to drop them cost ~110 ms per burst.
+                .filter(|&(_, matched)| shown == MatchesShown::All || matched > 0)
+                .map(|(endpoint, matched)| EndpointMatch {
+                    endpoint: endpoint.id.clone(),
+                    address: endpoint.address.clone(),
+                    match_blocks: matched,
+                    total_blocks: total,
+                    score: if total == 0 {
+                        0.0
                     } else {
-                        0
-                    };
-                    EndpointMatch {
-                        endpoint: endpoint.id.clone(),
-                        address: endpoint.address.clone(),
-                        match_blocks: matched,
-                        total_blocks: total,
-                        score: if total == 0 {
-                            0.0
-                        } else {
-                            matched as f64 / total as f64
-                        },
-                    }
+                        matched as f64 / total as f64
+                    },
                 })
-                .filter(|m| shown == MatchesShown::All || m.match_blocks > 0)
                 .collect()
         });
         ProduceResponse {
@@ -131,6 +129,7 @@ mod tests {
             waited: Duration::from_millis(100),
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(config, 1)),
+            memory: None,
         }
     }
 

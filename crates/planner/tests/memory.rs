@@ -1,0 +1,196 @@
+//! Placement with memory across windows (SPEC §7).
+
+use std::num::NonZeroUsize;
+
+use burst_prefix_planner::{
+    assign, assign_with_memory, BalanceBy, BatchRequest, BlockHash, Memory, MemorySettings,
+    PlanParams, Replica, Source,
+};
+
+const IDS: [&str; 4] = ["p1", "p2", "p3", "p4"];
+
+fn replicas() -> Vec<Replica<'static>> {
+    IDS.iter()
+        .map(|id| Replica {
+            id,
+            running_requests: 0,
+        })
+        .collect()
+}
+
+fn memory(capacity: usize, half_life_ms: u64) -> Memory {
+    Memory::new(MemorySettings {
+        capacity_blocks: NonZeroUsize::new(capacity).unwrap(),
+        load_half_life_ms: half_life_ms,
+    })
+}
+
+fn batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
+    prompts
+        .iter()
+        .map(|blocks| BatchRequest {
+            blocks,
+            allowed_replicas: None,
+        })
+        .collect()
+}
+
+/// A conversation's prompt after `turns` turns: a system prompt, then 2 blocks per turn.
+fn turn(session: u64, turns: u64) -> Vec<BlockHash> {
+    let mut blocks: Vec<BlockHash> = (0..4).collect();
+    for t in 0..turns * 2 {
+        blocks.push(1_000 * (session + 1) + t);
+    }
+    blocks
+}
+
+#[test]
+fn a_second_turn_lands_where_the_first_was_placed() {
+    let params = PlanParams::default();
+    let mut memory = memory(1_000, 1_000);
+    // Window 1: four sessions' first turns, each a pair (so that §4 places them).
+    let first: Vec<Vec<BlockHash>> = (0..4).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
+    let plan = assign_with_memory(&batch(&first), &replicas(), &params, &mut memory, 0);
+    let served: Vec<usize> = (0..4).map(|s| plan.assignments[2 * s].unwrap()).collect();
+    assert_eq!(plan.sources[0], Some(Source::LeastLoaded));
+    // Window 2: each session's second turn alone, in another order.
+    let second: Vec<Vec<BlockHash>> = [2, 0, 3, 1].iter().map(|&s| turn(s, 2)).collect();
+    let plan = assign_with_memory(&batch(&second), &replicas(), &params, &mut memory, 50);
+    // Singles sharing the system prompt: units (N counts as 1 with memory), placed by memory.
+    assert_eq!(plan.single_units + plan.warm_singles, 4);
+    for (i, &s) in [2, 0, 3, 1].iter().enumerate() {
+        assert_eq!(plan.assignments[i], Some(served[s]), "session {s}");
+        assert_eq!(plan.sources[i], Some(Source::Memory));
+        // Its replica held the first turn's 6 blocks; another holds only the system prompt.
+        assert_eq!(plan.held.blocks(i, served[s]), 6);
+        assert_eq!(plan.held.blocks(i, served[(s + 1) % 4]), 4);
+    }
+    // Without memory, a lone second turn has no affinity.
+    let plan = assign(&batch(&second), &replicas(), &params);
+    assert!(plan.assignments.iter().all(Option::is_none));
+    assert_eq!(plan.held.of(0), &[]);
+}
+
+#[test]
+fn carried_load_spreads_new_work_and_decays() {
+    let params = PlanParams::default();
+    let mut memory = memory(1_000, 100);
+    let busy: Vec<Vec<BlockHash>> = vec![vec![1, 2]; 6];
+    let plan = assign_with_memory(&batch(&busy), &replicas(), &params, &mut memory, 0);
+    assert_eq!(plan.assignments[0], Some(0), "p1 on an empty fleet");
+    // Right after, a cold group avoids p1, which carries 6 requests.
+    let cold: Vec<Vec<BlockHash>> = vec![vec![7, 8]; 2];
+    let plan = assign_with_memory(&batch(&cold), &replicas(), &params, &mut memory, 0);
+    assert_eq!(plan.assignments[0], Some(1));
+    assert_eq!(plan.loads, vec![6, 2, 0, 0]);
+    // Twenty half-lives later the carried load is gone: the tie-break is the id again.
+    let other: Vec<Vec<BlockHash>> = vec![vec![9, 10]; 2];
+    let plan = assign_with_memory(&batch(&other), &replicas(), &params, &mut memory, 2_000);
+    assert_eq!(plan.assignments[0], Some(0));
+}
+
+#[test]
+fn affinity_yields_to_the_fair_share() {
+    // Eight sessions all served by p1 earlier (k = -1 groups, one replica): the next turns do
+    // not all pile onto p1.
+    let params = PlanParams::default();
+    let mut memory = memory(10_000, 60_000);
+    let replicas = replicas();
+    let only_p1 = &replicas[..1];
+    let first: Vec<Vec<BlockHash>> = (0..8).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
+    assign_with_memory(&batch(&first), only_p1, &params, &mut memory, 0);
+    let second: Vec<Vec<BlockHash>> = (0..8).map(|s| turn(s, 2)).collect();
+    let plan = assign_with_memory(&batch(&second), &replicas, &params, &mut memory, 10);
+    let on_p1 = plan.assignments.iter().filter(|a| **a == Some(0)).count();
+    assert!(plan.assignments.iter().all(Option::is_some));
+    assert!(on_p1 < 8, "{:?}", plan.assignments);
+}
+
+#[test]
+fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
+    let params = PlanParams::default();
+    let capacity = 64;
+    let mut memory = memory(capacity, 1_000);
+    for window in 0..500u64 {
+        // 8 distinct pairs of 10 blocks each per window.
+        let prompts: Vec<Vec<BlockHash>> = (0..8)
+            .flat_map(|g| {
+                let blocks: Vec<BlockHash> = (0..10).map(|b| (window * 8 + g) * 100 + b).collect();
+                [blocks.clone(), blocks]
+            })
+            .collect();
+        assign_with_memory(
+            &batch(&prompts),
+            &replicas(),
+            &params,
+            &mut memory,
+            window * 10,
+        );
+        for (_, blocks) in memory.replica_blocks() {
+            assert!(blocks <= capacity);
+        }
+        assert_eq!(memory.index_entries(), memory.held_blocks());
+    }
+    assert_eq!(memory.held_blocks(), capacity * IDS.len());
+}
+
+#[test]
+fn a_replica_that_leaves_loses_its_model() {
+    let params = PlanParams::default();
+    let mut memory = memory(100, 1_000);
+    let pair: Vec<Vec<BlockHash>> = vec![vec![1, 2, 3]; 2];
+    let plan = assign_with_memory(&batch(&pair), &replicas(), &params, &mut memory, 0);
+    assert_eq!(plan.assignments[0], Some(0));
+    memory.retain_replicas(|id| id != "p1");
+    assert_eq!(memory.index_entries(), 0);
+    let known: Vec<&str> = memory.replica_blocks().map(|(id, _)| id).collect();
+    assert!(!known.contains(&"p1"));
+    // p1 comes back cold: the lone request finds no model holding its prefix.
+    let lone: Vec<Vec<BlockHash>> = vec![vec![1, 2, 3, 4]];
+    let plan = assign_with_memory(&batch(&lone), &replicas(), &params, &mut memory, 10);
+    assert_eq!(plan.assignments, vec![None]);
+}
+
+#[test]
+fn tokens_fair_share_counts_a_shared_prefix_once() {
+    // Eight units sharing 60 of 64 blocks, N = 60, tokens mode: §4's share (8 x 64 / 4 = 128)
+    // never binds, since the shared prefix is charged once; counting distinct blocks
+    // ((60 + 8 x 4) / 4 = 23) does.
+    let params = PlanParams {
+        min_colocate_blocks: 60,
+        balance_by: BalanceBy::Tokens,
+        ..PlanParams::default()
+    };
+    let prompts: Vec<Vec<BlockHash>> = (0..8u64)
+        .flat_map(|u| {
+            let blocks: Vec<BlockHash> =
+                (0..60).chain((0..4).map(|b| 1_000 + u * 10 + b)).collect();
+            [blocks.clone(), blocks]
+        })
+        .collect();
+    let without = assign(&batch(&prompts), &replicas(), &params);
+    assert!(without.assignments.iter().all(|a| *a == Some(0)));
+    let mut memory = memory(10_000, 1_000);
+    let with = assign_with_memory(&batch(&prompts), &replicas(), &params, &mut memory, 0);
+    let used: std::collections::BTreeSet<_> = with.assignments.iter().flatten().collect();
+    assert!(used.len() > 1, "{:?}", with.assignments);
+}
+
+#[test]
+fn an_endpoint_list_without_the_remembered_replica_gets_nothing() {
+    let params = PlanParams::default();
+    // No carried load, so that p1 stays under the fair share.
+    let mut memory = memory(100, 0);
+    let pair: Vec<Vec<BlockHash>> = vec![vec![1, 2, 3]; 2];
+    assign_with_memory(&batch(&pair), &replicas(), &params, &mut memory, 0);
+    let next = [vec![1, 2, 3, 4]];
+    let only_p2 = [1usize];
+    let requests = vec![BatchRequest {
+        blocks: &next[0],
+        allowed_replicas: Some(&only_p2),
+    }];
+    let plan = assign_with_memory(&requests, &replicas(), &params, &mut memory, 10);
+    assert_eq!(plan.assignments, vec![None]);
+    assert_eq!(plan.sources, vec![None]);
+    assert_eq!(plan.held.of(0), &[]);
+}

@@ -1,0 +1,172 @@
+//! The planner's memory across windows (SPEC §7) in the producer: one model per policy, kept
+//! behind the window's planning lock (windows are planned one at a time), its time from a
+//! monotonic clock started with the producer, dropped for an endpoint when the endpoint leaves
+//! the config, and rebuilt when its settings (or the block size) change. Its metrics are
+//! registered here, apart from `metrics.rs`:
+//!
+//! - `burst_prefix_memory_blocks{endpoint}`: blocks the model holds per endpoint;
+//! - `burst_prefix_placements_total{source}`: placed requests by why they landed there:
+//!   `memory` (a prefix remembered from earlier windows), `window` (a prefix placed earlier in
+//!   the same window), `least_loaded` (no usable prefix).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use burst_prefix_planner::{HeldPrefixes, Memory, MemorySettings, Plan, Replica, Source};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::batch::{plan_batch, HashedRequest};
+use super::config_store::Snapshot;
+
+pub struct PlannerMemory {
+    /// The model and what it was built for: settings and block size; `None` while disabled.
+    model: Option<(Memory, usize)>,
+    /// The config generation the model's endpoints were last checked against.
+    generation: u64,
+    started: Instant,
+    blocks: IntGaugeVec,
+    placements: IntCounterVec,
+}
+
+impl PlannerMemory {
+    pub fn new(registry: &Registry) -> Self {
+        let blocks = IntGaugeVec::new(
+            Opts::new(
+                "burst_prefix_memory_blocks",
+                "Prefix blocks the planner's memory holds for an endpoint (SPEC §7)",
+            ),
+            &["endpoint"],
+        )
+        .unwrap();
+        let placements = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_placements_total",
+                "Placed requests by source: memory (a prefix remembered from earlier windows), window (a prefix placed earlier in the window), least_loaded (no usable prefix)",
+            ),
+            &["source"],
+        )
+        .unwrap();
+        for source in Source::ALL {
+            placements.with_label_values(&[source.label()]);
+        }
+        registry.register(Box::new(blocks.clone())).unwrap();
+        registry.register(Box::new(placements.clone())).unwrap();
+        PlannerMemory {
+            model: None,
+            generation: 0,
+            started: Instant::now(),
+            blocks,
+            placements,
+        }
+    }
+
+    /// Plans one sealed window under `snapshot`'s config on `replicas` (a subset of its
+    /// endpoints), remembering earlier windows when the config enables memory.
+    pub fn plan(
+        &mut self,
+        snapshot: &Snapshot,
+        replicas: &[Replica<'_>],
+        requests: &[HashedRequest],
+    ) -> Plan {
+        let settings = snapshot.config.planner.memory_settings();
+        let block_size = snapshot.settings.block_spec.block_size_tokens;
+        self.follow(snapshot, settings, block_size);
+        let params = &snapshot.settings.plan;
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let memory = self.model.as_mut().map(|(memory, _)| (memory, now_ms));
+        let plan = plan_batch(params, replicas, requests, memory);
+        for source in plan.sources.iter().flatten() {
+            self.placements.with_label_values(&[source.label()]).inc();
+        }
+        if let Some((memory, _)) = &self.model {
+            for (endpoint, blocks) in memory.replica_blocks() {
+                self.blocks
+                    .with_label_values(&[endpoint])
+                    .set(blocks as i64);
+            }
+        }
+        plan
+    }
+
+    /// Builds, rebuilds or drops the model for `settings`, and drops the models of endpoints
+    /// that left the config.
+    fn follow(&mut self, snapshot: &Snapshot, settings: Option<MemorySettings>, block_size: usize) {
+        let fits = match (&self.model, settings) {
+            (Some((memory, size)), Some(settings)) => {
+                memory.settings() == settings && *size == block_size
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !fits {
+            self.model = settings.map(|settings| (Memory::new(settings), block_size));
+            self.blocks.reset();
+        }
+        if snapshot.generation != self.generation {
+            self.generation = snapshot.generation;
+            if let Some((memory, _)) = &mut self.model {
+                let ids: HashSet<&str> = snapshot
+                    .config
+                    .endpoints
+                    .iter()
+                    .map(|e| e.id.as_str())
+                    .collect();
+                let mut gone = Vec::new();
+                memory.retain_replicas(|id| {
+                    let keep = ids.contains(id);
+                    if !keep {
+                        gone.push(id.to_string());
+                    }
+                    keep
+                });
+                for id in gone {
+                    let _ = self.blocks.remove_label_values(&[&id]);
+                }
+            }
+        }
+    }
+}
+
+/// What the planner's memory said of one window's requests, in the config's endpoint indices:
+/// shared by the window's placements.
+#[derive(Debug)]
+pub struct WindowHeld {
+    held: HeldPrefixes,
+    /// The config index of each planned replica (ascending).
+    usable: Vec<usize>,
+}
+
+impl WindowHeld {
+    pub fn new(held: HeldPrefixes, usable: Vec<usize>) -> Option<Arc<Self>> {
+        (!held.lists().is_empty()).then(|| Arc::new(WindowHeld { held, usable }))
+    }
+
+    /// Leading blocks of request `request` that endpoint `endpoint` (a config index) held.
+    pub fn blocks(&self, request: usize, endpoint: usize) -> usize {
+        self.usable
+            .binary_search(&endpoint)
+            .map_or(0, |replica| self.held.blocks(request, replica))
+    }
+}
+
+/// What the memory said of one request: see [`WindowHeld`].
+#[derive(Clone, Debug)]
+pub struct RequestHeld {
+    window: Arc<WindowHeld>,
+    request: usize,
+}
+
+impl RequestHeld {
+    pub fn new(window: &Option<Arc<WindowHeld>>, request: usize) -> Option<Self> {
+        window.as_ref().map(|window| RequestHeld {
+            window: window.clone(),
+            request,
+        })
+    }
+
+    /// Leading blocks of the request that endpoint `endpoint` (a config index) held.
+    pub fn blocks(&self, endpoint: usize) -> usize {
+        self.window.blocks(self.request, endpoint)
+    }
+}
