@@ -123,6 +123,7 @@ build_image() {
         < <(jq -r '.labels | to_entries[] | "\(.key)=\(.value)"' <<<"$stage")
     umoci config --image "$image" "${config[@]}"
     umoci gc --layout "$layout/oci"
+    check_image "$name" "$stage" "$layout/oci"
 
     # containerd names an imported image after this annotation; the OCI one holds only the tag.
     jq --arg ref "$ref" '.manifests[0].annotations["io.containerd.image.name"] = $ref' \
@@ -133,6 +134,30 @@ build_image() {
     mv "$out/.$name.tar" "$out/$name.tar"
     echo "$ref" >"$out/$name.ref"
     echo "images: $ref -> $out/$name.tar ($(du -h "$out/$name.tar" | cut -f1))"
+}
+
+# check_image <name> <stage JSON> <layout>: the image says what its Dockerfile stage says.
+check_image() {
+    local name="$1" stage="$2" oci="$3"
+    local blob="$oci/blobs/sha256"
+    local manifest config files
+    manifest="$blob/$(jq -r '.manifests[0].digest | ltrimstr("sha256:")' "$oci/index.json")"
+    config="$(cat "$blob/$(jq -r '.config.digest | ltrimstr("sha256:")' "$manifest")")"
+    files="$(jq -r '.layers[].digest | ltrimstr("sha256:")' "$manifest" | while read -r layer; do
+        tar -tzf "$blob/$layer"; done | sed 's|^\./||; s|^|/|' | sort)"
+    local want_files
+    want_files="$(jq -r '.copies[].destination' <<<"$stage" | sort)"
+    if ! jq -e -n --argjson stage "$stage" --argjson image "$config" '
+        $image.config as $c
+        | ($c.Entrypoint == $stage.entrypoint) and (($c.Cmd // null) == $stage.cmd)
+          and ($c.User == $stage.user) and (($c.Labels // {}) == $stage.labels)
+          and (($c.ExposedPorts // {} | keys) == ($stage.exposed | sort))' >/dev/null \
+        || [[ "$(comm -13 <(echo "$files") <(echo "$want_files"))" ]]; then
+        echo "images: $name does not match its definition: $stage" >&2
+        echo "images: its config: $config" >&2
+        echo "images: its files: $files" >&2
+        exit 1
+    fi
 }
 
 for name in "${products[@]}"; do
