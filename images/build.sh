@@ -97,13 +97,17 @@ build_image() {
     umoci init --layout "$layout/oci"
     local image="$layout/oci:$tag"
     umoci new --image "$image"
+    # One layer with the stage's files, as Docker's COPY makes it (parent directories included).
+    # unpack + repack rather than `umoci insert`, whose 0.4.7 layers lack the tar end marker.
+    umoci unpack --image "$image" "$layout/bundle" >/dev/null
     local source destination
     while IFS=$'\t' read -r source destination; do
         local file="$files/$(basename "$source")"
         [[ -x "$file" ]] || { echo "images: $name needs $file" >&2; exit 1; }
         require_static "$file"
-        umoci insert --image "$image" "$file" "$destination"
+        install -D -m 0755 "$file" "$layout/bundle/rootfs$destination"
     done < <(jq -r '.copies[] | [.source, .destination] | @tsv' <<<"$stage")
+    umoci repack --image "$image" --history.created_by "images/build.sh: COPY" "$layout/bundle"
 
     local -a config=(--os linux --architecture "$arch" --created 1970-01-01T00:00:00Z
         --author burst-prefix --history.comment "images/build.sh")
@@ -119,6 +123,7 @@ build_image() {
         < <(jq -r '.labels | to_entries[] | "\(.key)=\(.value)"' <<<"$stage")
     umoci config --image "$image" "${config[@]}"
     umoci gc --layout "$layout/oci"
+    check_image "$name" "$stage" "$layout/oci"
 
     # containerd names an imported image after this annotation; the OCI one holds only the tag.
     jq --arg ref "$ref" '.manifests[0].annotations["io.containerd.image.name"] = $ref' \
@@ -129,6 +134,30 @@ build_image() {
     mv "$out/.$name.tar" "$out/$name.tar"
     echo "$ref" >"$out/$name.ref"
     echo "images: $ref -> $out/$name.tar ($(du -h "$out/$name.tar" | cut -f1))"
+}
+
+# check_image <name> <stage JSON> <layout>: the image says what its Dockerfile stage says.
+check_image() {
+    local name="$1" stage="$2" oci="$3"
+    local blob="$oci/blobs/sha256"
+    local manifest config files
+    manifest="$blob/$(jq -r '.manifests[0].digest | ltrimstr("sha256:")' "$oci/index.json")"
+    config="$(cat "$blob/$(jq -r '.config.digest | ltrimstr("sha256:")' "$manifest")")"
+    files="$(jq -r '.layers[].digest | ltrimstr("sha256:")' "$manifest" | while read -r layer; do
+        tar -tzf "$blob/$layer"; done | sed 's|^\./||; s|^|/|' | sort)"
+    local want_files
+    want_files="$(jq -r '.copies[].destination' <<<"$stage" | sort)"
+    if ! jq -e -n --argjson stage "$stage" --argjson image "$config" '
+        $image.config as $c
+        | ($c.Entrypoint == $stage.entrypoint) and (($c.Cmd // null) == $stage.cmd)
+          and ($c.User == $stage.user) and (($c.Labels // {}) == $stage.labels)
+          and (($c.ExposedPorts // {} | keys) == ($stage.exposed | sort))' >/dev/null \
+        || [[ "$(comm -13 <(echo "$files") <(echo "$want_files"))" ]]; then
+        echo "images: $name does not match its definition: $stage" >&2
+        echo "images: its config: $config" >&2
+        echo "images: its files: $files" >&2
+        exit 1
+    fi
 }
 
 for name in "${products[@]}"; do

@@ -228,6 +228,11 @@ in_producer() { curl -sf "$service_url/v1/endpoints" | grep -q "$app_ns/$newest-
 eventually 30 "the producer does not list the new pod $newest" in_producer
 log "the new stub pod $newest is an endpoint: in the ConfigMap and in the producer"
 
+# Liveness held too: no container of the operator, the producer or the stub pods restarted.
+restarts="$(k get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {range .status.containerStatuses[*]}{.restartCount} {end}{"\n"}{end}' |
+    grep -E "^($system_ns|$app_ns)/" | awk '{ for (i = 2; i <= NF; i++) if ($i != 0) print $1 }')"
+[[ -z "$restarts" ]] || die "containers restarted: $restarts"
+
 # --- 5. uninstall ---------------------------------------------------------------------------------
 log "5. helm uninstall"
 kill "$proxy_pid" 2>/dev/null || true

@@ -16,6 +16,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Node`] (module [`node`]) adds what runs pods: containerd, kubelet, kube-proxy,
+//! kube-scheduler and kube-controller-manager beside a control plane of its own that in-cluster
+//! clients reach through the `kubernetes` Service, inside network and mount namespaces that the
+//! test process enters first ([`node::enter_namespaces`]); tests/e2e_node.rs uses it.
+//!
 //! When the binaries are missing the harness panics and says to run `make control-plane`: a test
 //! that needs a control plane never passes without one. The processes and the temp directory
 //! go away with the test binary however it ends (see `process.rs`).

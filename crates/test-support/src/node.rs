@@ -49,7 +49,7 @@ pub const POD_CIDR: &str = "10.244.0.0/24";
 /// The bridge the CNI bridge plugin attaches every pod to.
 const BRIDGE: &str = "bp0";
 
-/// How long the node may take to become Ready (a cold start is ~20-40 s on 2 cores).
+/// How long the node may take to become Ready (about 9 s here, with the control plane).
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const STOP_GRACE: Duration = Duration::from_secs(10);
 const LOG_TAIL_LINES: usize = 30;
