@@ -10,13 +10,25 @@ export BURST_PREFIX_CONTROL_PLANE_BIN := $(shell $(CONTROL_PLANE_BUILD) --print-
 PYTHON_CLIENTS_SETUP := tests/python/setup.sh
 export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-python)
 
-.PHONY: test lint unit control-plane python-clients demo bench crds e2e-kind
+# The end-to-end node's Debian packages (runc, CNI plugins, iptables, umoci; see tests/node/).
+NODE_DEPS := tests/node/install-deps.sh
 
-test: control-plane python-clients lint unit
+.PHONY: test lint unit control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
+
+test: control-plane node-deps images python-clients lint unit
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.
 control-plane:
 	$(CONTROL_PLANE_BUILD)
+
+# apt-get install of what is missing; a no-op when all is installed.
+node-deps:
+	$(NODE_DEPS)
+
+# The operator, producer, stub-engine and pause images as OCI archives in target/images, built
+# without a Docker engine from the Dockerfiles (images/build.sh; static release binaries).
+images: node-deps
+	images/build.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -26,7 +38,8 @@ lint:
 python-clients:
 	$(PYTHON_CLIENTS_SETUP)
 
-unit: control-plane python-clients
+# Includes tests/e2e_node.rs: a real node runs the chart end to end (needs root and the images).
+unit: control-plane node-deps images python-clients
 	$(CARGO) test --workspace --locked
 
 demo:
@@ -41,7 +54,24 @@ crds:
 	$(CARGO) run -q --locked -p burst-prefix-operator -- crd > crds/burstprefixpolicies.yaml
 	cp crds/burstprefixpolicies.yaml charts/burst-prefix/files/crds/burstprefixpolicies.yaml
 
-# End to end on a kind cluster: builds both images, installs the chart, sends a burst. Needs
-# Docker, kind, kubectl, helm and curl; not part of `make test`.
+# End to end on a node of the test harness (containerd, kubelet, kube-proxy, the control plane)
+# inside network and mount namespaces of its own: tests/e2e/steps.sh. `make test` runs it too.
+e2e-node: control-plane node-deps images
+	$(CARGO) test --locked -p burst-prefix-integration-tests --test e2e_node
+
+# The same steps on a kind cluster: builds the images with Docker and loads them. Needs Docker,
+# kind, kubectl, helm, curl and jq; not part of `make test`.
 e2e-kind:
 	tests/e2e/kind.sh
+
+# Placement on a real engine (not part of `make test`): builds llama.cpp's llama-server once into
+# the cache (~9 min on 2 cores, under nice), writes the tiny model, and runs the workloads on
+# llama-server replicas straight and through the proxy. See bench/engine/README.md. The bench binary
+# is a dev build (it only sends requests and proxies them; the engine is the Release build).
+ENGINE_BENCH_ARGS ?=
+bench-engine:
+	nice -n 10 bench/engine/build-llama-server.sh
+	bench/engine/model.sh
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- \
+		--llama-server "$$(bench/engine/build-llama-server.sh --print-bin)" \
+		--model "$$(bench/engine/model.sh --print-path)" $(ENGINE_BENCH_ARGS)

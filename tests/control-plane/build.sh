@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the integration tests run against: kube-apiserver,
 # etcd and helm, from the Go wrapper modules beside this script (versions pinned in their go.mod
-# files), plus kubectl when the machine has none.
+# files), plus kubectl when the machine has none; and the node the end-to-end test runs pods on:
+# kubelet, kube-controller-manager, kube-scheduler and kube-proxy (the same k8s.io/kubernetes
+# module and Go build cache as kube-apiserver), containerd with its CRI plugin, its runc shim and
+# ctr. runc and the CNI plugins come from Debian (tests/node/install-deps.sh).
 #
 # The binaries go to a cache directory named after the versions, so a warm run only checks that
 # they are there:
-#   ${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}/control-plane/k8s-<v>_etcd-<v>_helm-<v>/bin
+#   ${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}/control-plane/k8s-<v>_etcd-<v>_helm-<v>_containerd-<v>/bin
 # Each binary is written under a temporary name and renamed when it is complete and reports the
 # expected version, so an interrupted build is never taken as done.
 #
@@ -26,9 +29,10 @@ module_version() { # <wrapper dir> <module path>
 k8s_version="$(module_version kubernetes k8s.io/kubernetes)"
 etcd_version="$(module_version etcd go.etcd.io/etcd/server/v3)"
 helm_version="$(module_version helm helm.sh/helm/v4)"
+containerd_version="$(module_version containerd github.com/containerd/containerd/v2)"
 
 cache_root="${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}"
-bin_dir="$cache_root/control-plane/k8s-${k8s_version}_etcd-${etcd_version}_helm-${helm_version}/bin"
+bin_dir="$cache_root/control-plane/k8s-${k8s_version}_etcd-${etcd_version}_helm-${helm_version}_containerd-${containerd_version}/bin"
 
 if [[ "${1:-}" == "--print-bin-dir" ]]; then
     echo "$bin_dir"
@@ -106,5 +110,25 @@ else
     go_build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$k8s_version" version --client -- \
         -tags "$k8s_tags" -ldflags "-s -w $k8s_ldflags"
 fi
+
+# The node: the same module, flags and build cache as kube-apiserver, so each adds mostly its own
+# packages and a link.
+for command in kubelet kube-controller-manager kube-scheduler kube-proxy; do
+    go_build "$command" kubernetes "k8s.io/kubernetes/cmd/$command" "$k8s_version" --version -- \
+        -tags "$k8s_tags" -ldflags "-s -w $k8s_ldflags"
+done
+
+# containerd as its static release is built (Makefile: STATIC=1): no cgo, so no btrfs snapshotter;
+# the shim without gRPC, as upstream builds it.
+containerd_pkg=github.com/containerd/containerd/v2
+containerd_ldflags="-s -w -X $containerd_pkg/version.Version=$containerd_version"
+containerd_ldflags+=" -X $containerd_pkg/version.Package=$containerd_pkg"
+containerd_tags="urfave_cli_no_docs osusergo netgo static_build no_btrfs no_devmapper no_zfs"
+go_build containerd containerd "$containerd_pkg/cmd/containerd" "$containerd_version" --version -- \
+    -tags "$containerd_tags" -ldflags "$containerd_ldflags"
+go_build containerd-shim-runc-v2 containerd "$containerd_pkg/cmd/containerd-shim-runc-v2" \
+    "$containerd_version" -v -- -tags "$containerd_tags no_grpc" -ldflags "$containerd_ldflags"
+go_build ctr containerd "$containerd_pkg/cmd/ctr" "$containerd_version" --version -- \
+    -tags "$containerd_tags" -ldflags "$containerd_ldflags"
 
 echo "control-plane: binaries ready in $bin_dir"

@@ -83,7 +83,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "BURST_PREFIX_SHUTDOWN_TIMEOUT_MS",
-        default_value_t = 10_000
+        default_value_t = burst_prefix_runtime::producer::DEFAULT_SHUTDOWN_TIMEOUT_MS
     )]
     pub shutdown_timeout_ms: u64,
     #[command(flatten)]
@@ -162,6 +162,12 @@ pub struct ProxyArgs {
         default_value_t = 10_000
     )]
     pub upstream_cooldown_ms: u64,
+    /// Idle connections to a replica are closed after this many milliseconds. Keep it below
+    /// the inference servers' keep-alive timeout (5 s for vLLM, SGLang and llama-server): a
+    /// request sent on a connection the server is closing fails and is not retried.
+    #[arg(long, env = "BURST_PREFIX_UPSTREAM_IDLE_TIMEOUT_MS", default_value_t = 3000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_idle_timeout_ms: u64,
 }
 
 impl ProxyArgs {
@@ -171,6 +177,7 @@ impl ProxyArgs {
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
             retries: self.upstream_retries,
             cooldown: Duration::from_millis(self.upstream_cooldown_ms),
+            idle_timeout: Duration::from_millis(self.upstream_idle_timeout_ms),
         }
     }
 }

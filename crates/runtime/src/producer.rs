@@ -14,6 +14,17 @@ pub const DEFAULT_ADMIN_PORT: u16 = 9090;
 /// The default gRPC endpoint-picker port (the Gateway API Inference Extension's convention).
 pub const DEFAULT_EPP_PORT: u16 = 9002;
 
+/// How long the producer takes at most to exit after SIGTERM (`--shutdown-timeout-ms`).
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+
+/// The pod's `terminationGracePeriodSeconds` for a producer whose windows last
+/// `window_duration_ms`: the shutdown timeout, plus one window (the open one is answered
+/// first), plus 5 s for the kubelet's own steps, so the producer is never killed mid-answer.
+pub fn termination_grace_period_seconds(window_duration_ms: u64) -> i64 {
+    let millis = DEFAULT_SHUTDOWN_TIMEOUT_MS + window_duration_ms;
+    (millis.div_ceil(1000) + 5) as i64
+}
+
 /// A Lease the producer replicas elect their leader with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseRef {
@@ -70,6 +81,13 @@ impl ProducerCommand {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grace_period_covers_the_shutdown_timeout_and_one_window() {
+        assert_eq!(termination_grace_period_seconds(100), 16);
+        assert_eq!(termination_grace_period_seconds(10_000), 25);
+        assert!(termination_grace_period_seconds(0) as u64 * 1000 > DEFAULT_SHUTDOWN_TIMEOUT_MS);
+    }
 
     #[test]
     fn args_name_every_listener_and_the_lease_only_when_given() {

@@ -5,8 +5,12 @@
 //! replica's cache are free (whether cached before the step or prefilled earlier in the same step
 //! on that replica), the rest are prefilled, and then all its blocks are touched in the cache.
 //! A replica's *work* in a step is the tokens it prefilled in that step.
+//!
+//! [`simulate_on_slots`] also models an engine's slots (llama.cpp's `--parallel`, vLLM's
+//! concurrent sequences): requests computed at the same time on one replica cannot use each
+//! other's blocks, as two slots prefilling the same prompt at once both compute it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use burst_prefix_planner::BlockHash;
 
@@ -88,6 +92,38 @@ pub fn simulate(
     cluster: Cluster,
     policy: &mut dyn Policy,
 ) -> Outcome {
+    simulate_on_slots(
+        steps,
+        cluster,
+        Slots {
+            per_replica: 1,
+            overhead_tokens: 0,
+        },
+        policy,
+    )
+}
+
+/// An engine's slots: how many requests a replica computes at once, and what a request costs
+/// besides its prefill (decoding, in prefill-token equivalents), for [`simulate_on_slots`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    pub per_replica: usize,
+    pub overhead_tokens: u64,
+}
+
+/// [`simulate`] on replicas whose slots compute requests side by side. Within a step, each
+/// replica takes its requests in arrival order, each on the slot that frees first; a request
+/// takes its prefilled tokens plus the overhead, in token time. It sees the blocks of the
+/// requests that finished by the time it starts (and of every earlier step), not of those still
+/// computing on the other slots: llama.cpp, for one, shares no KV cache between slots in flight.
+/// One slot is [`simulate`].
+pub fn simulate_on_slots(
+    steps: &[Vec<HashedRequest>],
+    cluster: Cluster,
+    slots: Slots,
+    policy: &mut dyn Policy,
+) -> Outcome {
+    assert!(slots.per_replica >= 1, "a replica has at least one slot");
     let mut caches = vec![BlockCache::new(cluster.cache_blocks); cluster.replicas];
     let mut outcome = Outcome {
         policy: policy.name(),
@@ -108,17 +144,42 @@ pub fn simulate(
         );
         let mut work = vec![0u64; cluster.replicas];
         let mut hits = Vec::with_capacity(step.len());
-        for (request, &replica) in step.iter().zip(&routes) {
+        // Per replica: when each slot frees, and the requests still computing, by (finish, order).
+        let mut free_at = vec![vec![0u64; slots.per_replica]; cluster.replicas];
+        let mut computing: Vec<BTreeMap<(u64, usize), &[BlockHash]>> =
+            vec![BTreeMap::new(); cluster.replicas];
+        for (order, (request, &replica)) in step.iter().zip(&routes).enumerate() {
             assert!(
                 replica < cluster.replicas,
                 "{} chose replica {replica}",
                 policy.name()
             );
             let cache = &mut caches[replica];
+            let (slot, start) = free_at[replica]
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by_key(|&(slot, at)| (at, slot))
+                .expect("at least one slot");
+            while let Some(entry) = computing[replica].first_entry() {
+                if entry.key().0 > start {
+                    break;
+                }
+                cache.touch(entry.remove());
+            }
             let held = cache.prefix_hits(&request.blocks);
-            work[replica] += request.block_tokens[held..].iter().sum::<u64>();
-            cache.touch(&request.blocks);
+            let prefilled = request.block_tokens[held..].iter().sum::<u64>();
+            work[replica] += prefilled;
+            let finish = start + prefilled + slots.overhead_tokens;
+            free_at[replica][slot] = finish;
+            computing[replica].insert((finish, order), &request.blocks);
             hits.push(held);
+        }
+        // The step ends when all its requests are done.
+        for (cache, done) in caches.iter_mut().zip(&mut computing) {
+            for blocks in std::mem::take(done).into_values() {
+                cache.touch(blocks);
+            }
         }
         outcome.prefill_tokens += work.iter().sum::<u64>();
         outcome.step_time_tokens += work.iter().copied().max().unwrap_or(0);

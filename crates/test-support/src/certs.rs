@@ -1,5 +1,6 @@
 //! The certificates and keys kube-apiserver needs: a CA, a serving certificate for 127.0.0.1
-//! signed by it, and the key pair that signs service-account tokens.
+//! (and, for in-cluster clients, the node's address and the `kubernetes` Service's names) signed
+//! by it, and the key pair that signs service-account tokens.
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 use std::net::{IpAddr, Ipv4Addr};
@@ -14,7 +15,8 @@ pub(crate) struct Pki {
     pub service_account_public_pem: String,
 }
 
-pub(crate) fn generate() -> Result<Pki, rcgen::Error> {
+/// `extra_ips` and `extra_names`: more subject alternative names of the serving certificate.
+pub(crate) fn generate(extra_ips: &[IpAddr], extra_names: &[&str]) -> Result<Pki, rcgen::Error> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
@@ -28,6 +30,16 @@ pub(crate) fn generate() -> Result<Pki, rcgen::Error> {
     serving_params
         .subject_alt_names
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    for ip in extra_ips {
+        serving_params
+            .subject_alt_names
+            .push(SanType::IpAddress(*ip));
+    }
+    for name in extra_names {
+        serving_params
+            .subject_alt_names
+            .push(SanType::DnsName((*name).try_into()?));
+    }
     serving_params
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");

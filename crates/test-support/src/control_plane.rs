@@ -1,7 +1,7 @@
 //! A real control plane: etcd plus kube-apiserver on 127.0.0.1, in a temp directory.
 
 use std::ffi::OsString;
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,12 +26,30 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const START_ATTEMPTS: usize = 3;
 const LOG_TAIL_LINES: usize = 40;
 
+/// The Service IP range; its first address is the `kubernetes` Service's ClusterIP.
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/24";
+/// The `kubernetes` Service's ClusterIP: the first address of [`SERVICE_CLUSTER_IP_RANGE`].
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+
 /// What to set up before start.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Extra static-token users, on top of [`ControlPlane::admin`] and [`ControlPlane::user`]
     /// (kube-apiserver reads its token file only at start).
     pub users: Vec<TokenUser>,
+    /// Serve pods as well (see [`InCluster`]); `None`: 127.0.0.1 only, for tests without a node.
+    pub in_cluster: Option<InCluster>,
+}
+
+/// A control plane for a node's pods (crate::Node): in-cluster clients reach kube-apiserver
+/// through the `kubernetes` Service, so it listens on every address of the test's own network
+/// namespace, advertises `advertise_address` as that Service's endpoint, has the Service's names
+/// and ClusterIP in its certificate, and admits pods the way a cluster does (ServiceAccount token
+/// volumes; kubelets restricted to their own node).
+#[derive(Debug, Clone)]
+pub struct InCluster {
+    /// The node's address, where kube-proxy sends the `kubernetes` Service's traffic.
+    pub advertise_address: Ipv4Addr,
 }
 
 /// etcd and kube-apiserver, running until this value is dropped or the process ends.
@@ -94,7 +112,22 @@ impl ControlPlane {
             .map_err(|e| Error::io("creating the control plane's temp directory", e))?;
         let path = |name: &str| dir.path().join(name);
 
-        let pki = certs::generate()?;
+        let (extra_ips, extra_names): (Vec<IpAddr>, &[&str]) = match &options.in_cluster {
+            Some(in_cluster) => (
+                vec![
+                    IpAddr::V4(in_cluster.advertise_address),
+                    IpAddr::V4(KUBERNETES_SERVICE_IP),
+                ],
+                &[
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+            ),
+            None => (Vec::new(), &[]),
+        };
+        let pki = certs::generate(&extra_ips, extra_names)?;
         let ca_file = path("ca.crt");
         write(&ca_file, &pki.ca_cert_pem)?;
         write(&path("apiserver.crt"), &pki.serving_cert_pem)?;
@@ -128,30 +161,46 @@ impl ControlPlane {
             // Test data: durability does not matter, speed does.
             "--unsafe-no-fsync".into(),
         ];
-        let apiserver_args: Vec<OsString> = vec![
+        let mut apiserver_args: Vec<OsString> = vec![
             flag("--etcd-servers", &etcd_client),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
             flag("--secure-port", apiserver_port.to_string()),
             flag("--cert-dir", path("apiserver-certs")),
             flag("--tls-cert-file", path("apiserver.crt")),
             flag("--tls-private-key-file", path("apiserver.key")),
             flag("--token-auth-file", path("tokens.csv")),
-            "--authorization-mode=RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             flag("--service-account-key-file", path("service-account.pub")),
             flag(
                 "--service-account-signing-key-file",
                 path("service-account.key"),
             ),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            // Without kube-controller-manager no "default" ServiceAccount is ever created, and the
-            // ServiceAccount admission plugin would refuse every pod.
-            "--disable-admission-plugins=ServiceAccount".into(),
-            // Nothing listens at the advertise address for in-cluster clients: no endpoints.
-            "--endpoint-reconciler-type=none".into(),
+            flag("--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE),
             "--allow-privileged=true".into(),
         ];
+        match &options.in_cluster {
+            None => apiserver_args.extend([
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                "--authorization-mode=RBAC".into(),
+                // Without kube-controller-manager no "default" ServiceAccount is ever created, and
+                // the ServiceAccount admission plugin would refuse every pod.
+                "--disable-admission-plugins=ServiceAccount".into(),
+                // Nothing listens at the advertise address for in-cluster clients: no endpoints.
+                "--endpoint-reconciler-type=none".into(),
+            ]),
+            Some(in_cluster) => apiserver_args.extend([
+                // Every address of the test's own network namespace (see crate::node).
+                "--bind-address=0.0.0.0".into(),
+                flag(
+                    "--advertise-address",
+                    in_cluster.advertise_address.to_string(),
+                ),
+                "--authorization-mode=Node,RBAC".into(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                // The node's name resolves nowhere (no DNS in the test's network): its address.
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]),
+        }
 
         let etcd_log = path("etcd.log");
         let apiserver_log = path("kube-apiserver.log");
@@ -205,6 +254,12 @@ impl ControlPlane {
     /// The PEM file of the CA that signed kube-apiserver's serving certificate.
     pub fn ca_file(&self) -> &Path {
         &self.ca_file
+    }
+
+    /// The private key that signs service-account tokens (kube-controller-manager's
+    /// `--service-account-private-key-file`).
+    pub fn service_account_key_file(&self) -> PathBuf {
+        self.dir.path().join("service-account.key")
     }
 
     /// The control plane's temp directory (logs, certificates, kubeconfigs, etcd data).
@@ -445,7 +500,9 @@ fn spawn_apiserver(
 
 /// Runs a future to completion on a runtime of its own, on a thread of its own, so that a
 /// caller inside a Tokio runtime does not nest runtimes.
-fn block_on_own_runtime<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
+pub(crate) fn block_on_own_runtime<T: Send>(
+    future: impl std::future::Future<Output = T> + Send,
+) -> T {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -492,7 +549,7 @@ fn namespace_name(prefix: &str, n: u64, suffix: &str) -> String {
     head + &tail
 }
 
-fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> OsString {
+pub(crate) fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> OsString {
     let mut flag = OsString::from(name);
     flag.push("=");
     flag.push(value);

@@ -16,6 +16,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Node`] (module [`node`]) adds what runs pods: containerd, kubelet, kube-proxy,
+//! kube-scheduler and kube-controller-manager beside a control plane of its own that in-cluster
+//! clients reach through the `kubernetes` Service, inside network and mount namespaces that the
+//! test process enters first ([`node::enter_namespaces`]); tests/e2e_node.rs uses it.
+//!
 //! When the binaries are missing the harness panics and says to run `make control-plane`: a test
 //! that needs a control plane never passes without one. The processes and the temp directory
 //! go away with the test binary however it ends (see `process.rs`).
@@ -24,13 +29,17 @@ mod binaries;
 mod certs;
 mod control_plane;
 mod kubeconfig;
+pub mod node;
 mod process;
 mod tokens;
 
 use std::path::PathBuf;
 
 pub use binaries::{Binaries, BIN_DIR_ENV};
-pub use control_plane::{ControlPlane, Options};
+pub use control_plane::{
+    ControlPlane, InCluster, Options, KUBERNETES_SERVICE_IP, SERVICE_CLUSTER_IP_RANGE,
+};
+pub use node::{Node, NodeOptions};
 pub use tokens::TokenUser;
 
 /// Why the control plane could not be started or used.
@@ -60,10 +69,14 @@ pub enum Error {
         reason: String,
         logs: String,
     },
+
+    /// The node (crate::node) could not be set up, or did not become ready.
+    #[error("the node did not start: {reason}\n{logs}")]
+    Node { reason: String, logs: String },
 }
 
 impl Error {
-    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             what: what.into(),
             source,

@@ -15,6 +15,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -65,7 +66,6 @@ pub(crate) fn spawn_supervised(mut command: Command, log: &Path) -> io::Result<C
 
 #[cfg(target_os = "linux")]
 fn kill_with_parent(command: &mut Command) {
-    use std::os::unix::process::CommandExt;
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only the async-signal-safe
     // functions prctl and getppid.
@@ -132,7 +132,10 @@ impl ScratchDir {
             .arg(&path)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            // Out of the test's process group: a signal to the group (timeout(1), Ctrl-C) must
+            // not take the watchdog with it.
+            .process_group(0);
         let mut child = on_supervisor(move || command.spawn())?;
         let stdin = child.stdin.take().expect("stdin is piped");
         Ok(Self {

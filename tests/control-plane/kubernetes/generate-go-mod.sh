@@ -31,7 +31,11 @@ go_directive="$(sed -n 's/^go \(.*\)$/\1/p' "$mod_file")"
     echo
     echo "tool ("
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
+    echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+    echo "	k8s.io/kubernetes/cmd/kube-proxy"
+    echo "	k8s.io/kubernetes/cmd/kube-scheduler"
     echo "	k8s.io/kubernetes/cmd/kubectl"
+    echo "	k8s.io/kubernetes/cmd/kubelet"
     echo ")"
     echo
     echo "replace ("

@@ -7,7 +7,7 @@
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_runtime::flags::{POD_NAMESPACE_ENV, POD_NAME_ENV};
-use burst_prefix_runtime::producer::{LeaseRef, ProducerCommand};
+use burst_prefix_runtime::producer::{termination_grace_period_seconds, LeaseRef, ProducerCommand};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -59,6 +59,9 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
             ..PodSecurityContext::default()
         }),
         containers: vec![container(policy, defaults)],
+        termination_grace_period_seconds: Some(termination_grace_period_seconds(
+            u64::try_from(policy.spec.planner.window_duration_ms).unwrap_or_default(),
+        )),
         image_pull_secrets: (!defaults.image_pull_secrets.is_empty()).then(|| {
             defaults
                 .image_pull_secrets
@@ -216,6 +219,8 @@ mod tests {
         let pod = spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("rl-producer"));
         assert!(pod.topology_spread_constraints.is_none());
+        // Above the producer's shutdown timeout (10 s) plus the policy's window (100 ms).
+        assert_eq!(pod.termination_grace_period_seconds, Some(16));
         let container = &pod.containers[0];
         let args = container.args.clone().unwrap().join(" ");
         assert!(

@@ -189,9 +189,12 @@ impl ConfigStore {
         }
         let generation = current.as_ref().map_or(0, |s| s.generation) + 1;
         let endpoints = config.endpoints.len();
+        let ids: std::collections::HashSet<String> =
+            config.endpoints.iter().map(|e| e.id.clone()).collect();
         *current = Some(Arc::new(Snapshot::new(config, generation)));
         drop(current);
         self.metrics.config_reload(true);
+        self.metrics.retain_endpoints(&|id| ids.contains(id));
         self.metrics
             .endpoints
             .set(i64::try_from(endpoints).unwrap_or(i64::MAX));

@@ -1,6 +1,7 @@
 //! The producer's Prometheus metrics, in its own [`Registry`] (never the global one), served on
 //! the admin port as `GET /metrics`.
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -358,6 +359,54 @@ impl Metrics {
         self.upstream_cooldowns.with_label_values(&[endpoint]).inc();
     }
 
+    /// Drops the per-endpoint series of endpoints the config no longer names (a fleet that
+    /// churns through pods would otherwise grow `/metrics` without bound); an in-flight gauge
+    /// stays while requests to its endpoint are still running.
+    pub fn retain_endpoints(&self, keep: &dyn Fn(&str) -> bool) {
+        fn endpoints_of(vec: &dyn Collector) -> Vec<Vec<(String, String)>> {
+            vec.collect()
+                .iter()
+                .flat_map(|family| family.get_metric())
+                .map(|metric| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .map(|pair| (pair.name().to_string(), pair.value().to_string()))
+                        .collect()
+                })
+                .collect()
+        }
+        let gone = |labels: &[(String, String)]| {
+            labels
+                .iter()
+                .any(|(name, value)| name == "endpoint" && !keep(value))
+        };
+        // Collected label pairs come sorted by name, not in declaration order: remove by name.
+        fn by_name(labels: &[(String, String)]) -> std::collections::HashMap<&str, &str> {
+            labels
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect()
+        }
+        for vec in [
+            &self.upstream_requests,
+            &self.upstream_cooldowns,
+            &self.epp_served,
+        ] {
+            for labels in endpoints_of(vec) {
+                if gone(&labels) {
+                    let _ = vec.remove(&by_name(&labels));
+                }
+            }
+        }
+        for labels in endpoints_of(&self.upstream_in_flight) {
+            let labels_by_name = by_name(&labels);
+            if gone(&labels) && self.upstream_in_flight.with(&labels_by_name).get() == 0 {
+                let _ = self.upstream_in_flight.remove(&labels_by_name);
+            }
+        }
+    }
+
     /// The in-flight gauge of one endpoint.
     pub fn upstream_in_flight(&self, endpoint: &str) -> IntGauge {
         self.upstream_in_flight.with_label_values(&[endpoint])
@@ -413,6 +462,27 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_that_left_lose_their_series_unless_requests_are_in_flight() {
+        let metrics = Metrics::new();
+        metrics.upstream_request("ml/a", UpstreamClass::of(200));
+        metrics.upstream_request("ml/b", UpstreamClass::of(503));
+        metrics.upstream_cooldown("ml/b");
+        metrics.epp_served("ml/b");
+        metrics.upstream_in_flight("ml/c").inc();
+        metrics.upstream_in_flight("ml/d").inc();
+        metrics.upstream_in_flight("ml/d").dec();
+        metrics.retain_endpoints(&|endpoint| endpoint == "ml/a");
+        let text = metrics.render();
+        assert!(text.contains(r#"endpoint="ml/a""#), "{text}");
+        assert!(!text.contains(r#"endpoint="ml/b""#), "{text}");
+        assert!(
+            text.contains(r#"endpoint="ml/c""#),
+            "still in flight: {text}"
+        );
+        assert!(!text.contains(r#"endpoint="ml/d""#), "{text}");
+    }
 
     #[test]
     fn every_fixed_name_is_exposed_from_the_start() {

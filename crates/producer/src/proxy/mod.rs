@@ -54,6 +54,11 @@ pub struct ProxyConfig {
     pub retries: usize,
     /// How long a replica that refused is left out of planning and routing.
     pub cooldown: Duration,
+    /// An idle pooled connection to a replica is closed after this long. Below the servers'
+    /// own keep-alive timeout (5 s for uvicorn, i.e. vLLM and SGLang, and for llama-server's
+    /// cpp-httplib), so the proxy never sends on a connection the server is closing: such a
+    /// request fails mid-flight and cannot be retried safely.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -63,6 +68,7 @@ impl Default for ProxyConfig {
             upstream_timeout: Duration::from_secs(300),
             retries: 1,
             cooldown: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -79,7 +85,7 @@ pub fn router(producer: Producer, config: ProxyConfig) -> Router {
     let client = reqwest::Client::builder()
         .connect_timeout(config.connect_timeout)
         .read_timeout(config.upstream_timeout)
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(config.idle_timeout)
         .tcp_nodelay(true)
         // Straight to the pods, whatever HTTP_PROXY says.
         .no_proxy()

@@ -163,3 +163,69 @@ fn on_a_grpo_burst_burst_prefills_less_than_round_robin() {
     assert_eq!(ours.prefill_tokens, lower_bound(&steps));
     assert_eq!(ours.colocation_rate(), Some(1.0));
 }
+
+fn slots(per_replica: usize, overhead_tokens: u64) -> Slots {
+    Slots {
+        per_replica,
+        overhead_tokens,
+    }
+}
+
+#[test]
+fn slots_compute_copies_at_the_same_time_and_later_ones_reuse_them() {
+    // Five copies on one replica with two slots: the first two are computed side by side (both
+    // prefill), the third starts when the first ends and reuses it, and so on.
+    let steps = vec![vec![three_blocks(1); 5], vec![three_blocks(1); 2]];
+    let one = cluster(1, 100);
+    let fixed = || Fixed(vec![vec![0; 5], vec![0; 2]]);
+    assert_eq!(simulate(&steps, one, &mut fixed()).prefill_tokens, 12);
+    assert_eq!(
+        simulate_on_slots(&steps, one, slots(1, 8), &mut fixed()).prefill_tokens,
+        12
+    );
+    // Step 0: 2 x 12; step 1: cached from step 0.
+    assert_eq!(
+        simulate_on_slots(&steps, one, slots(2, 8), &mut fixed()).prefill_tokens,
+        24
+    );
+    // As many slots as copies: every copy prefills.
+    assert_eq!(
+        simulate_on_slots(&steps, one, slots(5, 8), &mut fixed()).prefill_tokens,
+        60
+    );
+}
+
+#[test]
+fn a_short_request_frees_its_slot_while_a_long_one_still_computes() {
+    // A (12 tokens), B (4 tokens), A again, on one replica with two slots. B ends first, so the
+    // second A starts while the first is still computing, and computes it again.
+    let short = request(&[90, 91, 92, 93]);
+    let steps = vec![vec![three_blocks(1), short, three_blocks(1)]];
+    let fixed = || Fixed(vec![vec![0; 3]]);
+    let one = cluster(1, 100);
+    assert_eq!(
+        simulate_on_slots(&steps, one, slots(2, 2), &mut fixed()).prefill_tokens,
+        28
+    );
+    // With one slot the second A waits for the first and reuses it.
+    assert_eq!(
+        simulate_on_slots(&steps, one, slots(1, 2), &mut fixed()).prefill_tokens,
+        16
+    );
+}
+
+#[test]
+fn one_slot_is_the_plain_simulation() {
+    let workload = Workload::Grpo(Grpo {
+        steps: 3,
+        prompts: 6,
+        samples: 4,
+        shared_prefix_tokens: 8,
+        min_tokens: 5,
+        max_tokens: 30,
+    });
+    let steps = hash_steps(&workload.generate(5), BlockSpec::new(BLOCK, 0));
+    let plain = simulate(&steps, cluster(3, 20), &mut RoundRobin::new(3));
+    let one = simulate_on_slots(&steps, cluster(3, 20), slots(1, 7), &mut RoundRobin::new(3));
+    assert_eq!(plain, one);
+}

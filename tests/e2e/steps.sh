@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# The end-to-end steps, on whatever cluster KUBECONFIG names: the node of the test harness
+# (tests/e2e_node.rs, `make e2e-node`) or a kind cluster (tests/e2e/kind.sh). Both load the
+# images first; nothing is pulled (pullPolicy Never).
+#
+# 1. helm install the chart with the given images; the operator runs with the chart's
+#    ServiceAccount and becomes Ready.
+# 2. Stub inference pods (3) and a policy selecting them; the producer Deployment the operator
+#    runs becomes Ready (its probes pass) and its ConfigMap lists the pods.
+# 3. A burst of 6 prompts x 8 samples to the producer's Service (through kube-apiserver's
+#    service proxy): each prompt's samples are placed together, on a current pod.
+# 4. Delete the producer pod: the Deployment replaces it, the new one reads its ConfigMap with
+#    its own ServiceAccount token and plans the next burst on the current pods. Scale the stub
+#    pods 3 -> 4: the new one becomes an endpoint, in the ConfigMap and in the producer.
+# 5. helm uninstall, then delete the policy's namespace: only the CRD is left.
+#
+# Environment (all required but the last three):
+#   OPERATOR_IMAGE, PRODUCER_IMAGE, STUB_IMAGE   image references, already on the cluster's nodes
+#   KUBECTL, HELM                                 the clients (default: kubectl, helm)
+#   E2E_WORK                                      a scratch directory (default: a new temp dir)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+: "${OPERATOR_IMAGE:?}" "${PRODUCER_IMAGE:?}" "${STUB_IMAGE:?}"
+kubectl="${KUBECTL:-kubectl}"
+helm="${HELM:-helm}"
+work="${E2E_WORK:-$(mktemp -d)}"
+system_ns=burst-prefix-system
+app_ns=burst-prefix-e2e
+release=burst-prefix
+producer=vllm-producer
+prompts=6
+samples=8
+
+step_start=$SECONDS
+log() { echo "e2e: [$((SECONDS - step_start))s] $*" >&2; }
+die() { log "FAILED: $*"; exit 1; }
+k() { "$kubectl" "$@"; }
+
+proxy_pid=""
+diagnostics() {
+    local status=$?
+    if [[ -n "$proxy_pid" ]]; then kill "$proxy_pid" 2>/dev/null || true; fi
+    if [[ $status -ne 0 ]]; then
+        log "diagnostics:"
+        k get nodes,pods,deployments,services,endpointslices -A -o wide || true
+        k get bpp -A -o yaml || true
+        k get events -A --sort-by=.lastTimestamp | tail -40 || true
+        k logs -n "$system_ns" "deployment/$release" --tail=60 || true
+        k logs -n "$app_ns" "deployment/$producer" --tail=60 || true
+    fi
+    exit "$status"
+}
+trap diagnostics EXIT
+
+# repository and tag of an image reference (the tag after the last ':' that follows the last '/').
+repository() { local ref="$1"; [[ "${ref##*/}" == *:* ]] && echo "${ref%:*}" || echo "$ref"; }
+tag() { local ref="$1"; [[ "${ref##*/}" == *:* ]] && echo "${ref##*:}" || echo latest; }
+
+# --- 1. the chart --------------------------------------------------------------------------------
+log "1. helm install $release (operator $OPERATOR_IMAGE, producer $PRODUCER_IMAGE)"
+"$helm" install "$release" charts/burst-prefix --namespace "$system_ns" --create-namespace \
+    --set image.repository="$(repository "$OPERATOR_IMAGE")" --set image.tag="$(tag "$OPERATOR_IMAGE")" \
+    --set image.pullPolicy=Never \
+    --set producer.image.repository="$(repository "$PRODUCER_IMAGE")" \
+    --set producer.image.tag="$(tag "$PRODUCER_IMAGE")" --set producer.image.pullPolicy=Never \
+    --wait --timeout 4m
+operator_pod="$(k get pods -n "$system_ns" -l app.kubernetes.io/name=burst-prefix \
+    -o jsonpath='{.items[0].metadata.name}')"
+account="$(k get pod -n "$system_ns" "$operator_pod" -o jsonpath='{.spec.serviceAccountName}')"
+[[ "$account" == "$release" ]] || die "the operator runs as ServiceAccount '$account', not '$release'"
+k wait -n "$system_ns" "pod/$operator_pod" --for=condition=Ready --timeout=2m
+log "the operator pod $operator_pod is Ready, as ServiceAccount $account"
+
+# --- 2. stub inference pods, the policy, the producer ---------------------------------------------
+log "2. stub inference pods ($STUB_IMAGE) and a policy"
+k create namespace "$app_ns"
+k apply -n "$app_ns" -f - <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: vllm
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: vllm}
+  template:
+    metadata:
+      labels: {app: vllm}
+    spec:
+      automountServiceAccountToken: false
+      securityContext:
+        runAsNonRoot: true
+        seccompProfile: {type: RuntimeDefault}
+      containers:
+        - name: server
+          image: ${STUB_IMAGE}
+          imagePullPolicy: Never
+          ports: [{name: http, containerPort: 8000}]
+          readinessProbe:
+            httpGet: {path: /healthz, port: 8000}
+            periodSeconds: 2
+          securityContext:
+            readOnlyRootFilesystem: true
+            allowPrivilegeEscalation: false
+            capabilities: {drop: ["ALL"]}
+YAML
+k rollout status -n "$app_ns" deployment/vllm --timeout=3m
+# The example policy, with a window long enough that one burst through the API server's
+# service proxy lands in one window on a slow machine.
+sed 's/^  windowDurationMs: .*/  windowDurationMs: 1000/' examples/vllm-policy.yaml | k apply -n "$app_ns" -f -
+k wait -n "$app_ns" bpp/vllm --for=condition=Ready --timeout=3m
+k rollout status -n "$app_ns" "deployment/$producer" --timeout=3m
+
+# The ConfigMap lists exactly the Running stub pods (<namespace>/<pod>-rank-0 at <podIP>:8000).
+check_endpoints() { # <expected count>
+    local want="$1" pods config
+    pods="$(k get pods -n "$app_ns" -l app=vllm --field-selector=status.phase=Running \
+        -o jsonpath='{range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}')"
+    config="$(k get configmap -n "$app_ns" "$producer" -o jsonpath='{.data.config\.yaml}')"
+    [[ "$(grep -c . <<<"$pods")" == "$want" ]] || return 1
+    [[ "$(grep -c 'rank-0' <<<"$config")" == "$want" ]] || return 1
+    local name ip
+    while read -r name ip; do
+        grep -q "$app_ns/$name-rank-0" <<<"$config" || return 1
+        grep -q "$ip:8000" <<<"$config" || return 1
+    done <<<"$pods"
+    [[ "$(k get bpp -n "$app_ns" vllm -o jsonpath='{.status.endpoints}')" == "$want" ]]
+}
+eventually() { # <seconds> <what> <command...>
+    local seconds="$1" what="$2"
+    shift 2
+    local deadline=$((SECONDS + seconds))
+    until "$@"; do
+        ((SECONDS < deadline)) || die "$what (after ${seconds}s)"
+        sleep 1
+    done
+}
+eventually 60 "the producer's ConfigMap does not list the 3 stub pods" check_endpoints 3
+log "the producer is Ready and its ConfigMap lists the 3 stub pods"
+
+# --- 3. a burst -----------------------------------------------------------------------------------
+# kubectl proxy: the API server's service proxy with the kubeconfig's credentials, whatever they
+# are (a token here, client certificates on kind).
+"$kubectl" proxy --port=0 >"$work/proxy.log" 2>&1 &
+proxy_pid=$!
+eventually 20 "kubectl proxy did not start" grep -q 'Starting to serve on' "$work/proxy.log"
+proxy="http://$(sed -n 's/^Starting to serve on //p' "$work/proxy.log")"
+service_url="$proxy/api/v1/namespaces/$app_ns/services/http:$producer:8080/proxy"
+
+producer_answers() { curl -sf "$service_url/v1/endpoints" >/dev/null; }
+
+# burst <name>: 6 prompts x 8 samples, all at once; each prompt's samples on one current pod.
+burst() {
+    local name="$1" dir="$work/$1"
+    mkdir -p "$dir"
+    : >"$dir/curl.config"
+    local p s
+    for p in $(seq "$prompts"); do
+        # Distinct long prompts (several 64-token blocks each), shared by their samples.
+        local text="Prompt $p of burst $name: $(printf 'solve the puzzle number %s step by step; ' $(seq 40) | sed "s/puzzle/puzzle-$p/g")"
+        printf '{"model": "stub", "prompt": "%s", "n": 1}' "$text" >"$dir/prompt-$p.json"
+        for s in $(seq "$samples"); do
+            cat >>"$dir/curl.config" <<CONFIG
+next
+url = "$service_url/v1/produce"
+request = "POST"
+header = "content-type: application/json"
+data-binary = "@$dir/prompt-$p.json"
+output = "$dir/answer-$p-$s.json"
+fail
+CONFIG
+        done
+    done
+    sed -i '1d' "$dir/curl.config" # no `next` before the first request
+    curl -s --parallel --parallel-immediate --parallel-max $((prompts * samples)) \
+        --config "$dir/curl.config" || die "a request of burst $name failed"
+    local pods
+    pods="$(k get pods -n "$app_ns" -l app=vllm -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')"
+    for p in $(seq "$prompts"); do
+        local assigned
+        assigned="$(cat "$dir"/answer-"$p"-*.json | jq -r .assignedEndpoint | sort -u)"
+        [[ "$(grep -c . <<<"$assigned")" == 1 && "$assigned" != null ]] ||
+            die "burst $name: the samples of prompt $p went to: $(tr '\n' ' ' <<<"$assigned")"
+        grep -qx "${assigned#"$app_ns/"}" <<<"$(sed 's/$/-rank-0/' <<<"$pods")" ||
+            die "burst $name: prompt $p was placed on $assigned, which is not a current stub pod"
+        echo "$p $assigned"
+    done >"$dir/placement.txt"
+    local windows
+    windows="$(cat "$dir"/answer-*.json | jq -r '"\(.window.id) (size \(.window.size), sealed by \(.window.sealedBy))"' | sort | uniq -c)"
+    log "burst $name: every prompt's $samples samples co-located: $(awk '{print $1 "->" $2}' "$dir/placement.txt" | tr '\n' ' ')"
+    log "burst $name: windows: $(tr -s ' \n' ' ' <<<"$windows")"
+}
+
+log "3. a burst of $prompts prompts x $samples samples"
+eventually 30 "the producer's Service does not answer" producer_answers
+burst first
+
+# --- 4. the producer pod replaced, the stub pods scaled ------------------------------------------
+selector="$(k get deployment -n "$app_ns" "$producer" -o jsonpath='{.spec.selector.matchLabels}' |
+    jq -r 'to_entries | map("\(.key)=\(.value)") | join(",")')"
+old_pod="$(k get pods -n "$app_ns" -l "$selector" -o jsonpath='{.items[0].metadata.name}')"
+log "4. deleting the producer pod $old_pod"
+k delete pod -n "$app_ns" "$old_pod" --wait=true
+new_pod_ready() {
+    local name
+    name="$(k get pods -n "$app_ns" -l "$selector" \
+        -o jsonpath='{range .items[?(@.status.containerStatuses[0].ready==true)]}{.metadata.name}{"\n"}{end}')"
+    [[ -n "$name" && "$name" != *"$old_pod"* ]]
+}
+eventually 120 "no new producer pod became Ready" new_pod_ready
+new_pod="$(k get pods -n "$app_ns" -l "$selector" -o jsonpath='{.items[0].metadata.name}')"
+producer_account="$(k get pod -n "$app_ns" "$new_pod" -o jsonpath='{.spec.serviceAccountName}')"
+[[ "$producer_account" == "$producer" ]] || die "the producer runs as '$producer_account', not '$producer'"
+k logs -n "$app_ns" "$new_pod" >"$work/new-producer.log"
+log "the Deployment replaced it with $new_pod (ServiceAccount $producer_account), Ready"
+eventually 30 "the new producer's Service does not answer" producer_answers
+burst second
+
+log "scaling the stub pods 3 -> 4"
+k scale -n "$app_ns" deployment/vllm --replicas=4
+k rollout status -n "$app_ns" deployment/vllm --timeout=3m
+eventually 60 "the producer's ConfigMap does not list the 4 stub pods" check_endpoints 4
+newest="$(k get pods -n "$app_ns" -l app=vllm --sort-by=.metadata.creationTimestamp \
+    -o jsonpath='{.items[-1:].metadata.name}')"
+in_producer() { curl -sf "$service_url/v1/endpoints" | grep -q "$app_ns/$newest-rank-0"; }
+eventually 30 "the producer does not list the new pod $newest" in_producer
+log "the new stub pod $newest is an endpoint: in the ConfigMap and in the producer"
+
+# Liveness held too: no container of the operator, the producer or the stub pods restarted.
+restarts="$(k get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {range .status.containerStatuses[*]}{.restartCount} {end}{"\n"}{end}' |
+    grep -E "^($system_ns|$app_ns)/" | awk '{ for (i = 2; i <= NF; i++) if ($i != 0) print $1 }')"
+[[ -z "$restarts" ]] || die "containers restarted: $restarts"
+
+# --- 5. uninstall ---------------------------------------------------------------------------------
+log "5. helm uninstall"
+kill "$proxy_pid" 2>/dev/null || true
+proxy_pid=""
+"$helm" uninstall "$release" --namespace "$system_ns" --wait --timeout 3m
+k delete namespace "$app_ns" --wait=true --timeout=3m
+k delete namespace "$system_ns" --wait=true --timeout=3m
+crd="$(k get crd -o name | grep burstprefix || true)"
+[[ "$crd" == "customresourcedefinition.apiextensions.k8s.io/burstprefixpolicies.burstprefix.io" ]] ||
+    die "after uninstall the CRDs are: $crd"
+# Nothing of the release is left anywhere: no object labelled with it, no cluster-scoped RBAC.
+left="$(k get clusterroles,clusterrolebindings,validatingwebhookconfigurations,mutatingwebhookconfigurations \
+    -l "app.kubernetes.io/instance=$release" -o name 2>/dev/null || true)"
+[[ -z "$left" ]] || die "left behind after uninstall: $left"
+left="$(k get clusterroles,clusterrolebindings -o name | grep "$release" || true)"
+[[ -z "$left" ]] || die "left behind after uninstall: $left"
+log "only the CRD is left ($crd)"
+log "passed"
