@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
+use hashlink::lru_cache::Entry;
 use hashlink::LruCache;
 use smallvec::SmallVec;
 
@@ -165,19 +166,23 @@ impl Memory {
         let capacity = self.settings.capacity_blocks.get();
         for &block in blocks.iter().rev() {
             let model = self.models[slot as usize].as_mut().expect("a live slot");
-            if model.cache.get(&block).is_some() {
-                continue; // Promoted to most recently used.
+            // One lookup: promoted if held, else inserted at the back (one over capacity for a
+            // moment, then the least recently used block goes).
+            match model.cache.entry(block) {
+                Entry::Occupied(mut held) => {
+                    held.to_back();
+                    continue;
+                }
+                Entry::Vacant(new) => {
+                    let list = self.holders.entry(block).or_default();
+                    new.insert(list.len() as u32);
+                    list.push(slot);
+                }
             }
-            let evicted = if model.cache.len() >= capacity {
-                model.cache.remove_lru()
-            } else {
-                None
-            };
-            let list = self.holders.entry(block).or_default();
-            model.cache.insert(block, list.len() as u32);
-            list.push(slot);
-            if let Some((block, position)) = evicted {
-                self.unhold(block, position);
+            if model.cache.len() > capacity {
+                if let Some((evicted, position)) = model.cache.remove_lru() {
+                    self.unhold(evicted, position);
+                }
             }
         }
     }
