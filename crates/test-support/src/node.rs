@@ -571,7 +571,8 @@ conntrack:
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // The kubelet first, so that it does not restart what is killed next.
+        // Everything but containerd, newest first (kube-proxy, the kubelet, the scheduler, the
+        // controller manager), so that nothing restarts what is killed next.
         let mut processes = self.lock_processes();
         for component in processes.iter_mut().rev() {
             if component.name != "containerd" {
