@@ -90,11 +90,16 @@ fn read_stdin() -> Result<Vec<u8>, String> {
 }
 
 fn hash(block_size_tokens: i64, max_prefix_tokens: i64) -> Result<String, String> {
-    let config = PlannerConfig {
+    let mut config = PlannerConfig {
         block_size_tokens,
         max_prefix_tokens_to_match: max_prefix_tokens,
         ..PlannerConfig::default()
     };
+    // Hashing never uses the memory: its capacity must not refuse a large block size.
+    config.memory.cache_tokens_per_replica = config
+        .memory
+        .cache_tokens_per_replica
+        .max(block_size_tokens);
     config.validate().map_err(|e| {
         format!("invalid options: {e}")
             .replace("blockSizeTokens", "--block-size-tokens")
