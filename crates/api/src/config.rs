@@ -97,8 +97,9 @@ pub struct MemoryConfig {
     pub cache_tokens_per_replica: i64,
     /// The load a replica got in earlier windows still counts when balancing, halving every
     /// this many milliseconds (about a request's duration, when windows overlap running work).
-    /// 0, the default, forgets it at once: the fair share on the work still to do keeps
-    /// remembered prefixes from piling work onto one replica (0..=3600000).
+    /// 0, the default, forgets it at once: within a window the balance rule (the fair share;
+    /// with balanceBy tokens, where each unit finishes first) already keeps remembered
+    /// prefixes from piling work onto one replica (0..=3600000).
     #[serde(default = "default_load_half_life_ms")]
     #[schemars(range(min = 0, max = LOAD_HALF_LIFE_MS_MAX))]
     pub load_half_life_ms: i64,
@@ -122,9 +123,9 @@ fn enabled() -> bool {
 fn default_cache_tokens_per_replica() -> i64 {
     262_144
 }
-/// Off: in the simulator a window's work is done by the next, and the fair share on the work
-/// to do already keeps remembered prefixes from piling up (BENCHMARKS.md); carried load only
-/// cost prefill there. Set it about a request's duration when windows overlap running work.
+/// Off: in the simulator a window's work is done by the next, and the balance within a window
+/// already keeps remembered prefixes from piling up (BENCHMARKS.md); carried load only made
+/// the imbalance worse there. Set it about a request's duration when windows overlap running work.
 fn default_load_half_life_ms() -> i64 {
     0
 }

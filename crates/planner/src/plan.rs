@@ -247,7 +247,7 @@ fn plan(
     // With memory, N counts as at least 1 for single units too: requests sharing their first
     // block (a system prompt) are placed, so that their next turns find them remembered.
     let unit_n = if recall.is_some() { n.max(1) } else { n };
-    let units = form_units(batch, unit_n, |blocks| {
+    let mut units = form_units(batch, unit_n, |blocks| {
         recall.is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
     });
     let count = |kind| units.iter().filter(|u| u.kind == kind).count();
@@ -271,10 +271,20 @@ fn plan(
         .map(|unit| unit.blocks.len() * unit.members.len().div_ceil(k).min(replicas.len()))
         .sum();
     let carried = recall.map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
+    let balance = match (recall, params.balance_by) {
+        (Some(recall), BalanceBy::Tokens) => {
+            let sharers = sharers(&units);
+            most_constrained_first(&mut units, &sharers, recall);
+            Balance::EarliestFinish { sharers }
+        }
+        _ => Balance::FairShare {
+            max_share: max_share(&units, &carried, params),
+        },
+    };
     let mut placer = Placer::new(
         replicas,
         params,
-        max_share(&units, &carried, params, recall),
+        balance,
         prefer_from,
         carried,
         recall,
@@ -407,32 +417,61 @@ fn form_units<'a>(
     units
 }
 
-/// Step 4: the fair share that bounds the prefix-preference path. With memory it shares the
-/// carried-over load too, and in tokens mode counts the work to do: distinct blocks (a prefix
-/// shared by several units is prefilled once) that no candidate's model holds already (a
-/// conversation's history is not prefilled again), so that the share binds on what replicas
-/// will actually prefill.
-fn max_share(
-    units: &[Unit<'_>],
-    carried: &[u64],
-    params: &PlanParams,
-    recall: Option<&Recall<'_>>,
-) -> u64 {
-    let total = match (params.balance_by, recall) {
-        (BalanceBy::Requests, _) => units.iter().map(|unit| unit.members.len()).sum(),
-        (BalanceBy::Tokens, Some(recall)) => {
-            let mut distinct: HashSet<BlockHash, BuildBlockHasher> = HashSet::default();
-            for unit in units {
-                distinct.extend(unit.blocks.iter().copied());
-            }
-            distinct
-                .into_iter()
-                .filter(|&block| recall.holders(block).next().is_none())
-                .count()
-        }
-        (BalanceBy::Tokens, None) => units.iter().map(|unit| unit.blocks.len()).sum(),
+/// Step 4: the fair share that bounds the prefix-preference path (with memory it shares the
+/// carried-over load too).
+fn max_share(units: &[Unit<'_>], carried: &[u64], params: &PlanParams) -> u64 {
+    let total = match params.balance_by {
+        BalanceBy::Requests => units.iter().map(|unit| unit.members.len()).sum::<usize>(),
+        BalanceBy::Tokens => units.iter().map(|unit| unit.blocks.len()).sum(),
     } as u64;
     (total + carried.iter().sum::<u64>()).div_ceil(carried.len() as u64)
+}
+
+/// How a unit's first replica is balanced against its prefix.
+enum Balance {
+    /// §4: the longest prefix among replicas under the fair share, else the least-loaded.
+    FairShare { max_share: u64 },
+    /// With memory in tokens mode, where load and prefill are both blocks: where the unit
+    /// finishes first, pricing the blocks it would prefill again (`Placer::earliest_finish`).
+    EarliestFinish {
+        /// Per block, the units of this window whose chain holds it.
+        sharers: HashMap<BlockHash, u32, BuildBlockHasher>,
+    },
+}
+
+/// Per block, the units of the window whose chain holds it.
+fn sharers(units: &[Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> {
+    let mut sharers: HashMap<BlockHash, u32, BuildBlockHasher> = HashMap::default();
+    for unit in units {
+        for &block in unit.blocks {
+            *sharers.entry(block).or_default() += 1;
+        }
+    }
+    sharers
+}
+
+/// Orders the remembered units by how few units of the window share the prefix the models
+/// remember (a conversation's own history first, a fan-out on a remembered system prompt
+/// later), keeping `form_units`' order otherwise: the units with one good replica take it
+/// before the flexible ones fill in around them. Measured with the simulator (BENCHMARKS.md):
+/// with fan-outs placed first, conversations stayed on the replicas around them and the
+/// chat-only windows of `mixed` ran at 1.3-1.4x the mean.
+fn most_constrained_first(
+    units: &mut [Unit<'_>],
+    sharers: &HashMap<BlockHash, u32, BuildBlockHasher>,
+    recall: &Recall<'_>,
+) {
+    units.sort_by_cached_key(|unit| {
+        // The remembered prefix: held blocks lead a chain, so the first unheld one ends it.
+        let remembered = unit
+            .blocks
+            .partition_point(|&block| recall.holders(block).next().is_some());
+        let shared_by = match remembered {
+            0 => u32::MAX,
+            depth => sharers[&unit.blocks[depth - 1]],
+        };
+        (!unit.remembered, shared_by)
+    });
 }
 
 /// Step 5: the state of one window's placement.
@@ -446,7 +485,7 @@ struct Placer<'a> {
     recall: Option<&'a Recall<'a>>,
     /// k, with unlimited as `usize::MAX`.
     k: usize,
-    max_share: u64,
+    balance: Balance,
     /// The prefix preference: replicas need at least this many leading blocks.
     prefer_from: Option<usize>,
     load: Vec<u64>,
@@ -484,7 +523,7 @@ impl<'a> Placer<'a> {
     fn new(
         replicas: &'a [Replica<'a>],
         params: &'a PlanParams,
-        max_share: u64,
+        balance: Balance,
         prefer_from: Option<usize>,
         load: Vec<u64>,
         recall: Option<&'a Recall<'a>>,
@@ -512,7 +551,7 @@ impl<'a> Placer<'a> {
             params,
             recall,
             k: params.max_per_replica.unwrap_or(usize::MAX),
-            max_share,
+            balance,
             prefer_from,
             under_k: (0..replicas.len()).map(|r| (load[r], order[r])).collect(),
             load,
@@ -617,58 +656,77 @@ impl<'a> Placer<'a> {
     /// preference's blocks) among replicas under the fair share, else the least-loaded replica
     /// (every replica is under k when a unit starts).
     fn first_replica(&self, blocks: &[BlockHash]) -> (usize, Source) {
-        let preferred = self.prefer_from.and_then(|need| {
-            let by_match = |&a: &usize, &b: &usize| {
-                self.matches[a]
-                    .cmp(&self.matches[b])
-                    .then_with(|| self.key(b).cmp(&self.key(a)))
-            };
-            let eligible = self
-                .matched
-                .iter()
-                .copied()
-                .filter(|&r| self.matches[r] >= need);
-            let under_share = eligible
-                .clone()
-                .filter(|&r| self.load[r] < self.max_share)
-                .max_by(by_match);
-            let best = match self.stay_over_share() {
-                // The longest prefix may run over the share by what it saves over the next
-                // best choice: moving off it costs that prefix again elsewhere.
-                Some(slack) => {
-                    let alternative = under_share.or_else(|| self.least_loaded());
-                    let saved = |r: usize| {
-                        let other = alternative.map_or(0, |a| self.matches[a]);
-                        self.matches[r].saturating_sub(other) as f64 * slack
-                    };
-                    eligible
-                        .max_by(by_match)
-                        .filter(|&r| (self.load[r] as f64) < self.max_share as f64 + saved(r))
-                        .or(under_share)
-                }
-                None => under_share,
-            }?;
-            // From memory when this window's placements alone would not have preferred it.
-            let source = if self.recall.is_some() && self.held_prefix(blocks, best) < need {
-                Source::Memory
-            } else {
-                Source::Window
-            };
-            Some((best, source))
-        });
-        preferred.unwrap_or_else(|| {
-            let replica = self.least_loaded().expect("at least one replica");
-            (replica, Source::LeastLoaded)
-        })
+        let preferred = match &self.balance {
+            Balance::FairShare { max_share } => self.prefer_from.and_then(|need| {
+                let by_match = |&a: &usize, &b: &usize| {
+                    self.matches[a]
+                        .cmp(&self.matches[b])
+                        .then_with(|| self.key(b).cmp(&self.key(a)))
+                };
+                self.matched
+                    .iter()
+                    .copied()
+                    .filter(|&r| self.matches[r] >= need && self.load[r] < *max_share)
+                    .max_by(by_match)
+            }),
+            Balance::EarliestFinish { sharers } => self.earliest_finish(blocks, sharers),
+        };
+        match preferred {
+            Some(best) => {
+                let need = self.prefer_from.unwrap_or(1);
+                // From memory when this window's placements alone would not have preferred it.
+                let source = if self.recall.is_some() && self.held_prefix(blocks, best) < need {
+                    Source::Memory
+                } else {
+                    Source::Window
+                };
+                (best, source)
+            }
+            None => {
+                let replica = self.least_loaded().expect("at least one replica");
+                (replica, Source::LeastLoaded)
+            }
+        }
     }
 
-    /// With memory in tokens mode, how far (per block saved) the replica with the longest
-    /// prefix of a unit may run over the fair share to keep it; `None`: not at all (SPEC §4).
-    fn stay_over_share(&self) -> Option<f64> {
-        match (self.recall, self.params.balance_by) {
-            (Some(_), BalanceBy::Tokens) => Some(STAY_OVER_SHARE_PER_BLOCK_SAVED),
-            _ => None,
+    /// The replica holding a prefix (at least the preference's blocks) where the unit's first
+    /// member finishes first, if it beats the least-loaded replica. Finishing is the replica's
+    /// load plus the blocks prefilled there, plus a price for each block it would prefill although
+    /// another replica holds it: `COPY_PRICE_PER_BLOCK`, and `SPLIT_PRICE_PER_BLOCK` divided among
+    /// the window's units that use the block. So a conversation (its history used by one unit)
+    /// moves only to a replica lighter by many times its history, while a system prompt that a
+    /// fan-out of many units shares is copied to another replica once the holders run ahead by
+    /// about the prompt's own length. Ties go to the longer prefix, then to step 6's order.
+    fn earliest_finish(
+        &self,
+        blocks: &[BlockHash],
+        sharers: &HashMap<BlockHash, u32, BuildBlockHasher>,
+    ) -> Option<usize> {
+        let need = self.prefer_from.unwrap_or(1);
+        let held = |r: usize| Some(self.matches[r]).filter(|&m| m >= need).unwrap_or(0);
+        let longest = self.matched.iter().map(|&r| held(r)).max()?;
+        // price_from[i]: the price of blocks i..longest, which a replica holding i lacks.
+        let mut price_from = vec![0.0; longest + 1];
+        for i in (0..longest).rev() {
+            let shared_by = sharers.get(&blocks[i]).copied().unwrap_or(1).max(1);
+            price_from[i] = price_from[i + 1]
+                + COPY_PRICE_PER_BLOCK
+                + SPLIT_PRICE_PER_BLOCK / f64::from(shared_by);
         }
+        let finish = |r: usize| {
+            let held = held(r);
+            self.load[r] as f64 + (blocks.len() - held) as f64 + price_from[held]
+        };
+        // Ordered by finish, then the longer prefix, then step 6's order.
+        let rank = |r: usize| (finish(r), Reverse(held(r)), self.key(r));
+        let coldest = self.least_loaded().expect("at least one replica");
+        let best = self
+            .matched
+            .iter()
+            .copied()
+            .filter(|&r| held(r) > 0)
+            .min_by(|&a, &b| rank(a).partial_cmp(&rank(b)).expect("finite"))?;
+        (rank(best) <= rank(coldest)).then_some(best)
     }
 
     /// Places `members` (of one unit) on `replica`.
@@ -801,12 +859,12 @@ impl<'a> Placer<'a> {
     }
 }
 
-/// With memory in tokens mode, a unit stays on the replica holding its longest prefix while that
-/// replica's load is under the fair share plus this much per block it saves over the next best
-/// replica (moving costs those blocks again). Chosen with the simulator (BENCHMARKS.md): 0 moves
-/// conversations off their replica at the mean (prefill 1.14x the bound on multiturn), 1 keeps
-/// them too long (imbalance 1.32 on mixed); 0.5 is between.
-const STAY_OVER_SHARE_PER_BLOCK_SAVED: f64 = 0.5;
+/// `Placer::earliest_finish`'s price, in blocks of load, of prefilling a block again that another
+/// replica holds: this much always, plus `SPLIT_PRICE_PER_BLOCK` shared among the window's units
+/// that use the block. Chosen with the simulator (BENCHMARKS.md, "Memory across windows"): the
+/// only pair found that met the targets of multiturn and mixed on three seeds, with thin margins.
+const COPY_PRICE_PER_BLOCK: f64 = 0.7;
+const SPLIT_PRICE_PER_BLOCK: f64 = 12.0;
 
 /// The end of a holder list.
 const NO_NODE: u32 = u32::MAX;

@@ -151,29 +151,64 @@ fn a_replica_that_leaves_loses_its_model() {
     assert_eq!(plan.assignments, vec![None]);
 }
 
-#[test]
-fn tokens_fair_share_counts_a_shared_prefix_once() {
-    // Eight units sharing 60 of 64 blocks, N = 60, tokens mode: §4's share (8 x 64 / 4 = 128)
-    // never binds, since the shared prefix is charged once; counting distinct blocks
-    // ((60 + 8 x 4) / 4 = 23) does.
-    let params = PlanParams {
-        min_colocate_blocks: 60,
+/// Tokens mode: load and prefill are both blocks.
+fn tokens() -> PlanParams {
+    PlanParams {
         balance_by: BalanceBy::Tokens,
         ..PlanParams::default()
-    };
-    let prompts: Vec<Vec<BlockHash>> = (0..8u64)
-        .flat_map(|u| {
-            let blocks: Vec<BlockHash> =
-                (0..60).chain((0..4).map(|b| 1_000 + u * 10 + b)).collect();
-            [blocks.clone(), blocks]
-        })
+    }
+}
+
+#[test]
+fn a_fan_out_copies_its_shared_prefix_once_the_holder_runs_ahead() {
+    // 64 requests on one 60-block system prompt, 4 blocks of their own each. §4 with N = 60
+    // puts all of them on p1 (its share, 64 x 64 / 4 blocks, never binds). With memory the
+    // prompt is copied to a second replica once p1 would finish later than a replica that has
+    // to prefill it first (and pay its price), and so on.
+    let prompts: Vec<Vec<BlockHash>> = (0..64u64)
+        .map(|u| (0..60).chain((0..4).map(|b| 1_000 + u * 10 + b)).collect())
         .collect();
+    let params = PlanParams {
+        min_colocate_blocks: 60,
+        ..tokens()
+    };
     let without = assign(&batch(&prompts), &replicas(), &params);
     assert!(without.assignments.iter().all(|a| *a == Some(0)));
-    let mut memory = memory(10_000, 1_000);
+    assert_eq!(without.loads, vec![60 + 64 * 4, 0, 0, 0]);
+    let mut memory = memory(10_000, 0);
     let with = assign_with_memory(&batch(&prompts), &replicas(), &params, &mut memory, 0);
-    let used: std::collections::BTreeSet<_> = with.assignments.iter().flatten().collect();
-    assert!(used.len() > 1, "{:?}", with.assignments);
+    assert!(with.assignments.iter().all(Option::is_some));
+    // Every replica copied the prompt once: the busiest finishes far before p1 alone would.
+    assert!(with.loads.iter().all(|&load| load > 60), "{:?}", with.loads);
+    assert!(
+        *with.loads.iter().max().unwrap() < 60 + 64 * 4 / 2,
+        "{:?}",
+        with.loads
+    );
+}
+
+#[test]
+fn a_conversation_moves_only_to_a_replica_lighter_by_much_more_than_its_history() {
+    // Sixteen conversations on p1 (the only replica then), 4 system blocks + 2 of their own
+    // each: p1 carries their 36 blocks of prefill into the next window (no decay at the same
+    // instant). Eight of them take a turn of 2 blocks: on p1 it finishes at p1's load + 2.
+    // On an empty replica at 8 blocks prefilled + the price of the 6 that p1 holds: the 4
+    // system blocks (0.7 + 12 / 8 units each) and the 2 of its own (0.7 + 12 / 1 each),
+    // 8 + 8.8 + 25.4 = 42.2. So p1 keeps turns while it finishes by 42.2: 38, 40, 42.
+    let mut memory = memory(10_000, 3_600_000);
+    let replicas = replicas();
+    let first: Vec<Vec<BlockHash>> = (0..16).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
+    let plan = assign_with_memory(&batch(&first), &replicas[..1], &tokens(), &mut memory, 0);
+    assert_eq!(plan.loads, vec![4 + 16 * 2]);
+    let second: Vec<Vec<BlockHash>> = (0..8).map(|s| turn(s, 2)).collect();
+    let plan = assign_with_memory(&batch(&second), &replicas, &tokens(), &mut memory, 0);
+    let on_p1: Vec<usize> = (0..8).filter(|&s| plan.assignments[s] == Some(0)).collect();
+    assert_eq!(on_p1, vec![0, 1, 2], "{:?}", plan.assignments);
+    assert_eq!(plan.sources[..3], [Some(Source::Memory); 3]);
+    // The fourth moves to p2, which holds nothing: it prefills its whole prompt there.
+    assert_eq!(plan.assignments[3], Some(1));
+    assert_eq!(plan.sources[3], Some(Source::LeastLoaded));
+    assert!(plan.assignments.iter().all(Option::is_some));
 }
 
 #[test]
