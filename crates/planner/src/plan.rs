@@ -10,7 +10,9 @@
 //! With [`Memory`], a replica also holds what its cache model remembers from earlier windows,
 //! singles whose prefix a model holds are placed too (warm singles), N counts as at least 1
 //! (for single units and the prefix preference), and each replica starts the window with the
-//! load it carries over.
+//! load it carries over. In tokens mode the fair share then gives way to a cost: each unit starts
+//! where it finishes first, paying a price for every block it would prefill again although
+//! another replica holds it (`Balance::EarliestFinish`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, HashSet};
