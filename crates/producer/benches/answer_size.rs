@@ -26,6 +26,7 @@ use stats::summary;
 #[derive(Parser, Debug)]
 #[command(
     name = "answer_size",
+    bin_name = "cargo bench -p burst-prefix-producer --bench answer_size --",
     about = "Bytes and round trip of POST /v1/produce answers on large fleets, by ?matches= setting",
     long_about = None
 )]

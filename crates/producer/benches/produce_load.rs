@@ -45,6 +45,7 @@ use tokio::net::TcpListener;
 #[derive(Parser, Debug)]
 #[command(
     name = "produce_load",
+    bin_name = "cargo bench -p burst-prefix-producer --bench produce_load --",
     about = "Latency and throughput of POST /v1/produce on loopback, against a no-op server and a no-op window server",
     long_about = None
 )]

@@ -46,6 +46,7 @@ use stats::summary;
 #[derive(Parser, Debug)]
 #[command(
     name = "proxy_load",
+    bin_name = "cargo bench -p burst-prefix-producer --bench proxy_load --",
     about = "Round trip and time to first byte through the producer's proxy to stub engines, against the stubs called directly and a no-op proxy",
     long_about = None
 )]

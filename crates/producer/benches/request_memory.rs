@@ -27,6 +27,7 @@ use stats::procfs::{reset_peak, status_bytes};
 #[derive(Parser, Debug)]
 #[command(
     name = "request_memory",
+    bin_name = "cargo bench -p burst-prefix-producer --bench request_memory --",
     about = "Peak and lasting RSS of the producer binary while one window holds large bodies, per body shape",
     long_about = None
 )]

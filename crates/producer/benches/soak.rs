@@ -71,6 +71,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 #[derive(Parser, Debug)]
 #[command(
     name = "soak",
+    bin_name = "cargo bench -p burst-prefix-producer --bench soak --",
     about = "Soak the real producer binary with a long open-loop mixed load; report RSS, p99 and memory per interval",
     long_about = None
 )]
@@ -942,7 +943,10 @@ fn main() -> ExitCode {
     });
     let peak = status_bytes(pid, "VmHWM");
     if options.keep_seconds > 0.0 {
-        println!("keeping the producer (PID {pid}) idle for {} s", options.keep_seconds);
+        println!(
+            "keeping the producer (PID {pid}) idle for {} s",
+            options.keep_seconds
+        );
         std::thread::sleep(Duration::from_secs_f64(options.keep_seconds));
         println!(
             "producer RSS after {} s idle: {:.1} MiB",
