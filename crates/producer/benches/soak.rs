@@ -39,6 +39,11 @@
 //! The load generator (and, with `--proxy`, the stubs) share the machine's cores with the
 //! producer, so every figure includes their CPU use.
 //!
+//! RSS is not the live heap: glibc keeps what a peak of concurrency (a stall piles up
+//! connections and bodies in flight) freed, and gives it back only in part, so RSS follows the
+//! highest concurrency seen as well as any leak. To tell them apart, `--keep-seconds` leaves the
+//! producer idle after the run for e.g. gdb's `malloc_info` (BENCHMARKS.md, "Producer: soak").
+//!
 //! Run: `cargo bench -p burst-prefix-producer --bench soak [-- --seconds 600 --rate 2000]`
 //! (`-- --help` explains every flag).
 
@@ -459,13 +464,14 @@ async fn send(client: &reqwest::Client, base: &str, request: &Outgoing) -> Resul
     let status = response.status();
     let body = response.bytes().await.map_err(|e| cause("body", &e))?;
     if !status.is_success() {
-        // The producer's errors name a stable code (`window_full`, `batch_full`, ...).
+        // The producer's errors name a stable code (`window_full`, `batch_full`, ...): the JSON
+        // API's `{"error": code}`, the proxy's OpenAI-shaped `{"error": {"code": code}}`.
         let code = serde_json::from_slice::<Value>(&body)
             .ok()
             .and_then(|v| {
-                v["error"]["code"]
+                v["error"]
                     .as_str()
-                    .or(v["code"].as_str())
+                    .or(v["error"]["code"].as_str())
                     .map(str::to_string)
             })
             .unwrap_or_default();
@@ -719,9 +725,20 @@ async fn row(
     let rss = status_bytes(pid, "VmRSS");
     let load = load_average();
     let in_flight = shared.in_flight.load(Ordering::Relaxed);
+    // A failed scrape leaves the producer's columns empty (NaN) and `previous` as it was, so
+    // the next row's deltas span both intervals.
     let now = scrape(scraper, admin).await;
     let mut latencies = tally.latencies_ms;
     latencies.sort_by(f64::total_cmp);
+    let (sealed, mean_window, memory_sum, memory_max) = match &now {
+        Some(now) => (
+            now.sealed_since(previous),
+            now.mean_window_since(previous),
+            now.memory_sum(),
+            now.memory_max(),
+        ),
+        None => ("scrape failed".to_string(), f64::NAN, f64::NAN, f64::NAN),
+    };
     let row = Row {
         end_s: at.as_secs_f64(),
         sent: tally.sent,
@@ -733,25 +750,32 @@ async fn row(
         max: latencies.last().copied().unwrap_or(f64::NAN),
         in_flight,
         lag_ms: tally.max_lag_ms,
-        sealed: now.sealed_since(previous),
-        mean_window: now.mean_window_since(previous),
-        memory_sum: now.memory_sum(),
-        memory_max: now.memory_max(),
+        sealed,
+        mean_window,
+        memory_sum,
+        memory_max,
         rss,
         load,
     };
-    *previous = now;
+    if let Some(now) = now {
+        *previous = now;
+    }
     row
 }
 
 const HEADER: &str = "| t (s) | sent | answered | failed (by cause) | answered/s | p50 (ms) | p99 (ms) | max (ms) | in flight | generator lag max (ms) | windows sealed | mean window | memory blocks sum / max per endpoint | RSS (MiB) | load 1 min |\n|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|";
 
-async fn scrape(client: &reqwest::Client, admin: &str) -> Scrape {
-    match client.get(format!("{admin}/metrics")).send().await {
-        Ok(response) => Scrape::parse(&response.text().await.unwrap_or_default()),
+/// The producer's `/metrics`, or `None` (and a line on stderr) when it cannot be read.
+async fn scrape(client: &reqwest::Client, admin: &str) -> Option<Scrape> {
+    let text = match client.get(format!("{admin}/metrics")).send().await {
+        Ok(response) => response.text().await,
+        Err(error) => Err(error),
+    };
+    match text {
+        Ok(text) => Some(Scrape::parse(&text)),
         Err(error) => {
             eprintln!("scraping {admin}/metrics failed: {error}");
-            Scrape::default()
+            None
         }
     }
 }
@@ -861,18 +885,27 @@ fn main() -> ExitCode {
     let base: Arc<str> = Arc::from(producer.base.as_str());
     let admin = producer.admin.clone();
     let (rows, first_scrape, last_scrape, rss_idle, rss_drained, drain) = runtime.block_on(async {
+        // Idle pooled connections are dropped before the producer closes them (it closes a
+        // connection idle for its header read timeout, 5 s by default): reusing one at the
+        // moment it closes it is a reset, not an answer (HTTP/1.1's keep-alive race).
         let client = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs_f64(options.timeout_seconds))
             .build()
             .unwrap();
+        // A fresh connection per scrape: the producer closes a connection idle for its header
+        // read timeout (5 s), and a pooled one reused just then fails.
         let scraper = reqwest::Client::builder()
             .no_proxy()
+            .pool_max_idle_per_host(0)
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap();
-        let first_scrape = scrape(&scraper, &admin).await;
+        let first_scrape = scrape(&scraper, &admin)
+            .await
+            .expect("the producer's /metrics before the load");
         let rss_idle = status_bytes(pid, "VmRSS");
         println!(
             "producer PID {pid}, RSS idle before the load: {:.1} MiB\n",
@@ -931,7 +964,9 @@ fn main() -> ExitCode {
         println!("{}", drain.markdown(" (drain)"));
         tokio::time::sleep(Duration::from_secs(5)).await;
         let rss_drained = status_bytes(pid, "VmRSS");
-        let last_scrape = scrape(&scraper, &admin).await;
+        let last_scrape = scrape(&scraper, &admin)
+            .await
+            .unwrap_or_else(|| previous.clone());
         (
             rows,
             first_scrape,
