@@ -780,11 +780,18 @@ async fn scrape(client: &reqwest::Client, admin: &str) -> Option<Scrape> {
     }
 }
 
-/// Median of `values` (NaN when empty).
+/// Median of `values`: the middle value, or the mean of the two middle ones for an even count
+/// (NaN when empty). Not the nearest-rank percentile, which takes the lower of two middle
+/// values: with 2 rows per quarter that is their minimum, and a rising p99 would hide in it.
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    percentile(&sorted, 50.0)
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 /// Least-squares slope of `(x, y)` points (NaN with fewer than 2).
