@@ -7,6 +7,7 @@
 //! answer and the p50/p99 of the round trip over every request of every burst.
 //!
 //! Run: `cargo bench -p burst-prefix-producer --bench answer_size [-- --endpoints 1000,10000]`
+//! (`-- --help` explains every flag).
 
 #[path = "stats/mod.rs"]
 mod stats;
@@ -17,43 +18,30 @@ use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
+use clap::Parser;
 use serde_json::json;
+use stats::args::CargoBench;
 use stats::summary;
 
+#[derive(Parser, Debug)]
+#[command(
+    name = "answer_size",
+    bin_name = "cargo bench -p burst-prefix-producer --bench answer_size --",
+    about = "Bytes and round trip of POST /v1/produce answers on large fleets, by ?matches= setting",
+    long_about = None
+)]
 struct Options {
+    /// Fleet sizes to measure, comma-separated (one producer each, fake endpoints).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000])]
     endpoints: Vec<usize>,
+    /// Bursts sent per fleet size and matches setting, one after the other.
+    #[arg(long, default_value_t = 5)]
     bursts: usize,
+    /// Prompts per burst (each sent as 8 identical samples at once).
+    #[arg(long, default_value_t = 32)]
     prompts: usize,
-}
-
-fn options() -> Options {
-    let mut options = Options {
-        endpoints: vec![1_000, 10_000],
-        bursts: 5,
-        prompts: 32,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let value = || args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--endpoints" => {
-                options.endpoints = value()
-                    .split(',')
-                    .map(|n| n.parse().expect("--endpoints N,M"))
-                    .collect()
-            }
-            "--bursts" => options.bursts = value().parse().expect("--bursts N"),
-            "--prompts" => options.prompts = value().parse().expect("--prompts N"),
-            "--bench" => {
-                i += 1;
-                continue;
-            }
-            other => panic!("unknown option {other}"),
-        }
-        i += 2;
-    }
-    options
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
 async fn start(endpoints: usize) -> Service {
@@ -100,7 +88,7 @@ async fn burst(
 }
 
 fn main() {
-    let options = options();
+    let options = Options::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

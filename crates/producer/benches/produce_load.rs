@@ -18,6 +18,7 @@
 //! so the figures include the load generator's own CPU use.
 //!
 //! Run: `cargo bench -p burst-prefix-producer --bench produce_load [-- --rate 2000 ...]`
+//! (`-- --help` explains every flag).
 
 #[path = "stats/mod.rs"]
 mod stats;
@@ -35,63 +36,51 @@ use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
+use clap::Parser;
 use serde_json::{json, Value};
+use stats::args::{seconds_within, CargoBench};
 use stats::summary;
 use tokio::net::TcpListener;
 
+#[derive(Parser, Debug)]
+#[command(
+    name = "produce_load",
+    bin_name = "cargo bench -p burst-prefix-producer --bench produce_load --",
+    about = "Latency and throughput of POST /v1/produce on loopback, against a no-op server and a no-op window server",
+    long_about = None
+)]
 struct Options {
+    /// Open-loop rate of the latency phase, in requests per second.
+    #[arg(long, default_value_t = 2000.0)]
     rate: f64,
+    /// How long the latency phase lasts per server, in seconds (0.1..=60).
+    #[arg(long, default_value_t = 10.0, value_parser = seconds_within(0.1, 60.0))]
     seconds: f64,
+    /// Size of each prompt, in KiB (groups of 8 identical prompts, 64 distinct).
+    #[arg(long, default_value_t = 16)]
     prompt_kib: usize,
+    /// windowDurationMs of the producer (and the no-op window server's clock) in the latency
+    /// phase.
+    #[arg(long, default_value_t = 100)]
     window_ms: u64,
+    /// Clients sending back to back in the throughput phase.
+    #[arg(long, default_value_t = 256)]
     concurrency: usize,
+    /// How long the throughput phase lasts per server, in seconds (0.1..=60).
+    #[arg(long, default_value_t = 5.0, value_parser = seconds_within(0.1, 60.0))]
     throughput_seconds: f64,
+    /// windowDurationMs of the producer in the throughput phase (short, so that the window
+    /// does not cap the rate).
+    #[arg(long, default_value_t = 5)]
     throughput_window_ms: u64,
+    /// Worker threads of the servers' tokio runtime.
+    #[arg(long, default_value_t = 2)]
     server_threads: usize,
+    /// Worker threads of the load generator's tokio runtime.
+    #[arg(long, default_value_t = 2)]
     client_threads: usize,
-}
-
-impl Options {
-    fn parse() -> Options {
-        let mut options = Options {
-            rate: 2000.0,
-            seconds: 10.0,
-            prompt_kib: 16,
-            window_ms: 100,
-            concurrency: 256,
-            throughput_seconds: 5.0,
-            throughput_window_ms: 5,
-            server_threads: 2,
-            client_threads: 2,
-        };
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let mut i = 0;
-        while i < args.len() {
-            let value = || {
-                args.get(i + 1)
-                    .unwrap_or_else(|| panic!("{} needs a value", args[i]))
-                    .clone()
-            };
-            match args[i].as_str() {
-                "--rate" => options.rate = value().parse().unwrap(),
-                "--seconds" => options.seconds = value().parse().unwrap(),
-                "--prompt-kib" => options.prompt_kib = value().parse().unwrap(),
-                "--window-ms" => options.window_ms = value().parse().unwrap(),
-                "--concurrency" => options.concurrency = value().parse().unwrap(),
-                "--throughput-seconds" => options.throughput_seconds = value().parse().unwrap(),
-                "--throughput-window-ms" => options.throughput_window_ms = value().parse().unwrap(),
-                _ => {
-                    i += 1; // `--bench` and anything else cargo passes.
-                    continue;
-                }
-            }
-            i += 2;
-        }
-        // Bounded: never more than a minute of load per phase.
-        options.seconds = options.seconds.clamp(0.1, 60.0);
-        options.throughput_seconds = options.throughput_seconds.clamp(0.1, 60.0);
-        options
-    }
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
 /// Bodies: groups of 8 identical completions requests, 64 distinct prompts.

@@ -17,6 +17,7 @@
 //!    other: the wait of a burst that arrives within a few ms, against the stubs called directly.
 //!
 //! Run: `cargo bench -p burst-prefix-producer --bench proxy_load [-- --rate 2000 --seconds 10]`
+//! (`-- --help` explains every flag).
 
 #[path = "stats/mod.rs"]
 mod stats;
@@ -36,53 +37,44 @@ use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use burst_prefix_stub_engine::{Options as StubOptions, StubEngine};
+use clap::Parser;
 use futures::StreamExt;
 use serde_json::json;
+use stats::args::CargoBench;
 use stats::summary;
 
+#[derive(Parser, Debug)]
+#[command(
+    name = "proxy_load",
+    bin_name = "cargo bench -p burst-prefix-producer --bench proxy_load --",
+    about = "Round trip and time to first byte through the producer's proxy to stub engines, against the stubs called directly and a no-op proxy",
+    long_about = None
+)]
 struct Options {
+    /// Open-loop rate of the non-streaming phase, in requests per second.
+    #[arg(long, default_value_t = 2000.0)]
     rate: f64,
+    /// How long the non-streaming phase lasts per path, in seconds.
+    #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Open-loop rate of the streaming (SSE) phase, in requests per second.
+    #[arg(long, default_value_t = 500.0)]
     stream_rate: f64,
+    /// How long the streaming phase lasts per path, in seconds.
+    #[arg(long, default_value_t = 5.0)]
     stream_seconds: f64,
+    /// windowDurationMs of the hinted producer proxy (an upper bound: its windows seal when
+    /// their hinted groups are complete).
+    #[arg(long, default_value_t = 100)]
     window_ms: u64,
+    /// Size of each prompt, in KiB (groups of 8 identical prompts, 64 distinct).
+    #[arg(long, default_value_t = 4)]
     prompt_kib: usize,
+    /// Isolated bursts (6 prompts x 8 samples at once, hinted) sent one after the other.
+    #[arg(long, default_value_t = 100)]
     bursts: usize,
-}
-
-fn options() -> Options {
-    let mut options = Options {
-        rate: 2000.0,
-        seconds: 10.0,
-        stream_rate: 500.0,
-        stream_seconds: 5.0,
-        window_ms: 100,
-        prompt_kib: 4,
-        bursts: 100,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let value = || args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--rate" => options.rate = value().parse().expect("--rate N"),
-            "--seconds" => options.seconds = value().parse().expect("--seconds S"),
-            "--stream-rate" => options.stream_rate = value().parse().expect("--stream-rate N"),
-            "--stream-seconds" => {
-                options.stream_seconds = value().parse().expect("--stream-seconds S")
-            }
-            "--window-ms" => options.window_ms = value().parse().expect("--window-ms MS"),
-            "--prompt-kib" => options.prompt_kib = value().parse().expect("--prompt-kib K"),
-            "--bursts" => options.bursts = value().parse().expect("--bursts N"),
-            "--bench" => {
-                i += 1;
-                continue;
-            }
-            other => panic!("unknown option {other}"),
-        }
-        i += 2;
-    }
-    options
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
 /// 64 prompts x 8 identical samples, in sending order (a group's samples back to back).
@@ -258,7 +250,7 @@ async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
 }
 
 fn main() {
-    let options = options();
+    let options = Options::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

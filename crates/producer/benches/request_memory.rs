@@ -9,58 +9,37 @@
 //! and how far RSS stayed above its level before (target ≤ 64 MB).
 //!
 //! Run: `cargo bench -p burst-prefix-producer --bench request_memory [-- --concurrent 8 --body-mib 7.8]`
+//! (`-- --help` explains every flag).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "stats/mod.rs"]
+mod stats;
 
 use std::time::Duration;
 
+use clap::Parser;
 use common::{endpoints, Binary};
 use serde_json::{json, Value};
+use stats::args::CargoBench;
+use stats::procfs::{reset_peak, status_bytes};
 
+#[derive(Parser, Debug)]
+#[command(
+    name = "request_memory",
+    bin_name = "cargo bench -p burst-prefix-producer --bench request_memory --",
+    about = "Peak and lasting RSS of the producer binary while one window holds large bodies, per body shape",
+    long_about = None
+)]
 struct Options {
+    /// Bodies sent at once (they all wait in one 3 s window).
+    #[arg(long, default_value_t = 8)]
     concurrent: usize,
+    /// Size of each body, in MiB (the producer runs with --max-body-bytes 16 MiB).
+    #[arg(long, default_value_t = 7.8)]
     body_mib: f64,
-}
-
-fn options() -> Options {
-    let mut options = Options {
-        concurrent: 8,
-        body_mib: 7.8,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let value = || args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--concurrent" => options.concurrent = value().parse().expect("--concurrent N"),
-            "--body-mib" => options.body_mib = value().parse().expect("--body-mib M"),
-            "--bench" => {
-                i += 1;
-                continue;
-            }
-            other => panic!("unknown option {other}"),
-        }
-        i += 2;
-    }
-    options
-}
-
-/// A `/proc/PID/status` field in bytes (`VmRSS`, `VmHWM`).
-fn status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kib| kib * 1024)
-        .unwrap_or_else(|| panic!("{field} missing from /proc/{pid}/status"))
+    #[command(flatten)]
+    cargo: CargoBench,
 }
 
 /// A body of about `bytes` bytes whose prompt differs per `seed` (no two share blocks).
@@ -91,7 +70,7 @@ fn body(shape: &str, bytes: usize, seed: usize) -> Vec<u8> {
 const MIB: f64 = 1024.0 * 1024.0;
 
 fn main() {
-    let options = options();
+    let options = Options::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -128,8 +107,7 @@ fn main() {
         let in_flight: usize = bodies.iter().map(Vec::len).sum();
         std::thread::sleep(Duration::from_millis(500));
         let before = status_bytes(pid, "VmRSS");
-        // "5" resets the peak resident set (VmHWM) to the current one.
-        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset VmHWM");
+        reset_peak(pid);
         let url = format!("{}/v1/produce", producer.base);
         let statuses = runtime.block_on(async {
             let client = reqwest::Client::builder()

@@ -1,5 +1,10 @@
-//! Percentiles and the markdown rows of the load benches (shared by `produce_load` and
-//! `proxy_load`).
+//! What the producer's bench binaries share: percentiles and the markdown rows of the load
+//! benches, the flags every bench accepts ([`args`]) and the process figures read from `/proc`
+//! ([`procfs`]).
+#![allow(dead_code)] // Each bench uses its own part of this.
+
+pub mod args;
+pub mod procfs;
 
 /// The `p`-th percentile (nearest rank) of sorted values.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
