@@ -46,7 +46,7 @@ python-clients:
 unit: control-plane node-deps images python-clients
 	$(CARGO) test --workspace --locked
 
-# Each fuzz target for FUZZ_SMOKE_SECONDS (default 15) from its committed seeds, on the stable
+# Each fuzz target for FUZZ_SMOKE_SECONDS (default 10) from its committed seeds, on the stable
 # toolchain (--dev --sanitizer none); installs cargo-fuzz into the cache when missing.
 fuzz-smoke:
 	$(FUZZ_SMOKE)

@@ -20,7 +20,7 @@
 #   smoke.sh                     install cargo-fuzz if missing, build, run every target
 #   smoke.sh TARGET...           the same for these targets only
 #   smoke.sh --print-cargo-fuzz  print the path of cargo-fuzz and exit (installs nothing)
-# Environment: FUZZ_SMOKE_SECONDS (default 15) per target.
+# Environment: FUZZ_SMOKE_SECONDS (default 10) per target.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,7 +29,7 @@ cache_root="${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}"
 install_root="$cache_root/cargo-fuzz-$version"
 cargo_fuzz="$install_root/bin/cargo-fuzz"
 target_dir="$cache_root/fuzz-target"
-seconds="${FUZZ_SMOKE_SECONDS:-15}"
+seconds="${FUZZ_SMOKE_SECONDS:-10}"
 all_targets=(request_body producer_config proxy ext_proc)
 
 if [[ "${1:-}" == "--print-cargo-fuzz" ]]; then
@@ -48,7 +48,8 @@ else
     partial="$install_root.partial.$$"
     trap 'rm -rf "$partial"' EXIT
     echo "fuzz-smoke: installing cargo-fuzz $version into $install_root"
-    cargo install --quiet --locked --version "=$version" --root "$partial" cargo-fuzz
+    # --debug: cargo-fuzz only runs cargo and the fuzzer, and an unoptimized build is faster.
+    cargo install --quiet --debug --locked --version "=$version" --root "$partial" cargo-fuzz
     mv "$partial" "$install_root"
     trap - EXIT
 fi
@@ -58,11 +59,28 @@ fi
 cargo fetch --locked --manifest-path "$here/Cargo.toml" --quiet
 
 cd "$here/.."
+# The targets first, with one build when all are run (they share their dependencies and link in
+# parallel); `fuzz run` below then finds them built.
+echo "fuzz-smoke: building ${targets[*]}"
+build_log="$(mktemp)"
+if [[ $# -eq 0 ]]; then
+    build_names=("")
+else
+    build_names=("${targets[@]}")
+fi
+for name in "${build_names[@]}"; do
+    if ! "$cargo_fuzz" fuzz build --dev --sanitizer none --target-dir "$target_dir" \
+        ${name:+"$name"} >>"$build_log" 2>&1; then
+        cat "$build_log" >&2
+        rm -f "$build_log"
+        exit 1
+    fi
+done
+rm -f "$build_log"
 for target in "${targets[@]}"; do
     corpus="$(mktemp -d)"
     echo "fuzz-smoke: $target for ${seconds}s (seeds: fuzz/seeds/$target)"
-    # `cargo-fuzz fuzz run` is what `cargo fuzz run` runs (by path: no PATH change). It builds
-    # the target first. The new corpus is thrown away: the committed seeds stay as they are.
+    # `cargo-fuzz fuzz run` is what `cargo fuzz run` runs (by path: no PATH change). The new corpus is thrown away: the committed seeds stay as they are.
     if ! "$cargo_fuzz" fuzz run --dev --sanitizer none --target-dir "$target_dir" \
         "$target" "$corpus" "$here/seeds/$target" \
         -- -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 \
