@@ -13,9 +13,12 @@ export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-py
 # The end-to-end node's Debian packages (runc, CNI plugins, iptables, umoci; see tests/node/).
 NODE_DEPS := tests/node/install-deps.sh
 
-.PHONY: test lint unit control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
+# The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
+FUZZ_SMOKE := fuzz/smoke.sh
 
-test: control-plane node-deps images python-clients lint unit
+.PHONY: test lint unit fuzz-smoke control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
+
+test: control-plane node-deps images python-clients lint unit fuzz-smoke
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.
 control-plane:
@@ -32,6 +35,7 @@ images: node-deps
 
 lint:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # Installs them into a venv in the cache when missing (pip from PyPI); a no-op otherwise.
@@ -41,6 +45,11 @@ python-clients:
 # Includes tests/e2e_node.rs: a real node runs the chart end to end (needs root and the images).
 unit: control-plane node-deps images python-clients
 	$(CARGO) test --workspace --locked
+
+# Each fuzz target for FUZZ_SMOKE_SECONDS (default 10) from its committed seeds, on the stable
+# toolchain (--dev --sanitizer none); installs cargo-fuzz into the cache when missing.
+fuzz-smoke:
+	$(FUZZ_SMOKE)
 
 demo:
 	$(CARGO) run --release --locked -p burst-prefix-tools -- demo

@@ -74,7 +74,9 @@ pub fn hash_prompts(
     spec: BlockSpec,
 ) -> Vec<Vec<BlockHash>> {
     let seed = chain_seed(model, cache_salt);
-    let block_bytes = spec.block_size_tokens * 4;
+    // Saturating: a valid config's block may exceed any prompt (blockSizeTokens is any i64 >= 1),
+    // and is then one block per prompt; `* 4` would overflow past usize::MAX / 4.
+    let block_bytes = spec.block_size_tokens.saturating_mul(4);
     #[cfg(not(target_endian = "little"))]
     let mut token_bytes = Vec::new();
     let mut chains = Vec::new();
@@ -209,6 +211,26 @@ mod tests {
         assert!(hash_prompts("m", "", &[Prompt::Tokens(&[])], spec(4)).is_empty());
         assert!(hash_prompts("m", "", &[Prompt::Text("")], spec(4)).is_empty());
         assert!(hash_prompts("m", "", &[], spec(4)).is_empty());
+    }
+
+    #[test]
+    fn a_block_larger_than_usize_max_over_4_bytes_is_one_block() {
+        // blockSizeTokens 2^62 (with a memory as large) is a valid config, and
+        // `block_size_tokens * 4` overflowed: a panic in debug builds, 0-byte blocks in release
+        // ones (`chunks(0)` panicked), and wrong blocks past 2^62. Seen while writing the
+        // producer_config fuzz target, which hashes under every accepted config.
+        let tokens: Vec<u32> = (1..=10).collect();
+        let whole = hash_prompts("m", "", &[Prompt::Tokens(&tokens)], spec(10));
+        for block in [1 << 62, (1 << 62) + 1, usize::MAX] {
+            assert_eq!(
+                hash_prompts("m", "", &[Prompt::Tokens(&tokens)], spec(block)),
+                whole
+            );
+            assert_eq!(
+                hash_prompts("m", "", &[Prompt::Text("abcde")], spec(block)),
+                hash_prompts("m", "", &[Prompt::Text("abcde")], spec(2)),
+            );
+        }
     }
 
     #[test]

@@ -251,6 +251,20 @@ mod tests {
     }
 
     #[test]
+    fn a_block_larger_than_any_prompt_is_valid_and_hashes_one_block_per_prompt() {
+        // The fuzz target producer_config's input (fuzz/seeds/producer_config/huge_block.yaml):
+        // hashing under it overflowed (SPEC §2 allows any blockSizeTokens >= 1).
+        let (store, _) = store();
+        let text = "blockSizeTokens: 4611686018427387904\nmemory: {cacheTokensPerReplica: 4611686018427387904}\nendpoints: []\n";
+        assert_eq!(store.apply_text(text).unwrap(), Applied::Accepted(1));
+        let spec = store.current().unwrap().settings.block_spec;
+        let body = br#"{"model": "m", "prompt": ["You are a helpful assistant.", "x"]}"#;
+        let request = crate::core::request::InferenceRequest::parse(body).unwrap();
+        let hashed = crate::core::batch::HashedRequest::new(&request, spec);
+        assert_eq!(hashed.blocks.len(), 2);
+    }
+
+    #[test]
     fn the_source_serializes_with_its_kind() {
         let source = ConfigSource::ConfigMap {
             namespace: "ns".into(),

@@ -37,7 +37,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request, CommonResponse, ProcessingRequest, ProcessingResponse,
 };
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
@@ -96,7 +96,8 @@ struct Epp {
     producer: Producer,
 }
 
-type Responses = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+/// The answers of one ext_proc stream, in order.
+pub type Responses = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ExternalProcessor for Epp {
@@ -106,14 +107,25 @@ impl ExternalProcessor for Epp {
         &self,
         request: tonic::Request<Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Responses>, Status> {
-        let inbound = request.into_inner();
-        let (responses, outbound) = mpsc::channel(8);
-        let stream = HttpStream::new(self.producer.clone(), responses);
-        tokio::spawn(stream.run(inbound));
-        Ok(tonic::Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(outbound),
+        Ok(tonic::Response::new(process(
+            self.producer.clone(),
+            request.into_inner(),
         )))
     }
+}
+
+/// Serves one HTTP request's ext_proc stream: the data plane's messages in, the answers out
+/// (the stream ends after an `ImmediateResponse`, or when `inbound` ends). The gRPC service
+/// hands it the data plane's stream; anything else that holds the messages (the fuzz target) may
+/// call it the same way. Needs a runtime: the stream is served by a task of its own.
+pub fn process<S>(producer: Producer, inbound: S) -> Responses
+where
+    S: Stream<Item = Result<ProcessingRequest, Status>> + Send + 'static,
+{
+    let (responses, outbound) = mpsc::channel(8);
+    let stream = HttpStream::new(producer, responses);
+    tokio::spawn(stream.run(inbound));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(outbound))
 }
 
 /// How the data plane sends a body.
@@ -179,18 +191,19 @@ impl HttpStream {
         }
     }
 
-    async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
+    async fn run(mut self, inbound: impl Stream<Item = Result<ProcessingRequest, Status>> + Send) {
+        let mut inbound = std::pin::pin!(inbound);
         let mut first = true;
         loop {
             let message = tokio::select! {
-                message = inbound.message() => message,
+                message = inbound.next() => message,
                 // The data plane cancelled the stream (the client went away).
                 () = self.responses.closed() => return,
             };
             let message = match message {
-                Ok(Some(message)) => message,
-                Ok(None) => return,
-                Err(status) => {
+                Some(Ok(message)) => message,
+                None => return,
+                Some(Err(status)) => {
                     tracing::debug!(%status, "ext_proc stream ended with an error");
                     return;
                 }

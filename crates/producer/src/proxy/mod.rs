@@ -419,8 +419,9 @@ impl Drop for Attempt {
     }
 }
 
-/// Request headers to pass on: all but hop-by-hop ones, `host` and `content-length`.
-fn forwarded(headers: &HeaderMap) -> HeaderMap {
+/// Request headers to pass on: all but hop-by-hop ones (those the `connection` header names
+/// too), `host` and `content-length`.
+pub fn forwarded(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
     strip_hop_by_hop(&mut out);
     out.remove(header::HOST);

@@ -1,0 +1,23 @@
+//! What each fuzz target checks, as plain functions of the fuzzer's bytes (the targets in
+//! `fuzz_targets/` only hand them over). Every check panics on a broken property, which
+//! libFuzzer reports as a crash with the input that broke it.
+
+pub mod ext_proc;
+pub mod producer_config;
+pub mod proxy;
+pub mod request_body;
+
+/// With `BURST_PREFIX_FUZZ_WRITE_SEEDS=DIR` in the environment, writes a target's seeds (inputs
+/// built from typed values, e.g. protobuf messages) into DIR and exits.
+pub fn write_seeds_if_asked(seeds: fn() -> Vec<(&'static str, Vec<u8>)>) {
+    let Some(dir) = std::env::var_os("BURST_PREFIX_FUZZ_WRITE_SEEDS") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).expect("the seed directory");
+    for (name, bytes) in seeds() {
+        std::fs::write(dir.join(name), bytes).expect("a seed file");
+    }
+    eprintln!("seeds written to {}", dir.display());
+    std::process::exit(0);
+}
