@@ -244,7 +244,8 @@ fn scaling(c: &mut Criterion) {
 fn planning_with_memory(c: &mut Criterion) {
     let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
     let replicas = replica_list(&ids);
-    let earlier = window_seeded(10_000, 1);
+    let earlier: Vec<Vec<Vec<BlockHash>>> =
+        (1..=4).map(|seed| window_seeded(10_000, seed)).collect();
     let prompts = window(10_000);
     let batch = whole_batch(&prompts);
     let mut group = c.benchmark_group("plan_window_memory_10000");
@@ -258,25 +259,42 @@ fn planning_with_memory(c: &mut Criterion) {
             min_colocate_blocks: 0,
             balance_by,
         };
-        let mut warmed = Memory::new(MemorySettings {
-            capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
-            load_half_life_ms: 1_000,
-        });
-        assign_with_memory(&whole_batch(&earlier), &replicas, &params, &mut warmed, 0);
         group.bench_function(format!("assign_baseline_{mode}"), |b| {
             b.iter(|| assign(black_box(&batch), &replicas, &params))
         });
-        group.bench_function(format!("assign_with_memory_{mode}"), |b| {
-            b.iter_batched(
-                || warmed.clone(),
-                |mut memory| {
-                    let plan =
-                        assign_with_memory(black_box(&batch), &replicas, &params, &mut memory, 100);
-                    (plan, memory)
-                },
-                BatchSize::LargeInput,
-            )
-        });
+        for (age, windows) in [("young", 1), ("steady", earlier.len())] {
+            let mut warmed = Memory::new(MemorySettings {
+                capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
+                load_half_life_ms: 1_000,
+            });
+            for (window, prompts) in earlier[..windows].iter().enumerate() {
+                let now_ms = window as u64 * 100;
+                assign_with_memory(
+                    &whole_batch(prompts),
+                    &replicas,
+                    &params,
+                    &mut warmed,
+                    now_ms,
+                );
+            }
+            let now_ms = windows as u64 * 100;
+            group.bench_function(format!("assign_with_memory_{mode}_{age}"), |b| {
+                b.iter_batched(
+                    || warmed.clone(),
+                    |mut memory| {
+                        let plan = assign_with_memory(
+                            black_box(&batch),
+                            &replicas,
+                            &params,
+                            &mut memory,
+                            now_ms,
+                        );
+                        (plan, memory)
+                    },
+                    BatchSize::LargeInput,
+                )
+            });
+        }
     }
     group.finish();
 }

@@ -153,7 +153,7 @@ pub struct Plan {
 /// the result depends only on the arguments, never on hash iteration order; the order of
 /// `replicas` only matters through the indices it gives them.
 pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &PlanParams) -> Plan {
-    plan(batch, replicas, params, None).0
+    plan(batch, replicas, params, None)
 }
 
 /// Places one window remembering earlier ones (SPEC §7), then records this window in `memory`:
@@ -174,21 +174,19 @@ pub fn assign_with_memory(
         .iter()
         .map(|&slot| memory.carried_load(slot, now_ms))
         .collect();
-    let (plan, placed) = {
-        let mut replica_of_slot = vec![NO_REPLICA; memory.slot_count()];
-        for (replica, &slot) in slots.iter().enumerate() {
-            replica_of_slot[slot as usize] = replica as u32;
-        }
-        let recall = Recall {
-            memory,
-            replica_of_slot,
-            carried: carried.iter().map(|&load| load.round() as u64).collect(),
-        };
-        plan(batch, replicas, params, Some(&recall))
-    };
-    for (request, replica) in placed {
-        memory.touch(slots[replica], batch[request].blocks);
+    let mut replica_of_slot = vec![NO_REPLICA; memory.slot_count()];
+    for (replica, &slot) in slots.iter().enumerate() {
+        replica_of_slot[slot as usize] = replica as u32;
     }
+    let recall = Recall {
+        memory,
+        batch,
+        slots: slots.clone(),
+        replica_of_slot,
+        carried: carried.iter().map(|&load| load.round() as u64).collect(),
+    };
+    let plan = plan(batch, replicas, params, Some(recall));
+    memory.settle();
     for (replica, &slot) in slots.iter().enumerate() {
         let start = carried[replica].round() as u64;
         let added = plan.loads[replica].saturating_sub(start);
@@ -197,9 +195,12 @@ pub fn assign_with_memory(
     plan
 }
 
-/// What planning reads from memory.
+/// The memory, as planning reads it and records the window's placements in it.
 struct Recall<'m> {
-    memory: &'m Memory,
+    memory: &'m mut Memory,
+    batch: &'m [BatchRequest<'m>],
+    /// Per replica, its memory slot (endpoint ids are unique: callers refuse duplicates).
+    slots: Vec<u32>,
     /// Per memory slot, the replica index in this call (`NO_REPLICA`: not a candidate now).
     replica_of_slot: Vec<u32>,
     /// Per replica, the load it starts this window with.
@@ -211,35 +212,42 @@ const NO_REPLICA: u32 = u32::MAX;
 impl Recall<'_> {
     /// The candidate replicas whose models hold `block`.
     fn holders(&self, block: BlockHash) -> impl Iterator<Item = usize> + '_ {
-        self.memory.holders(block).iter().filter_map(|&slot| {
-            match self.replica_of_slot[slot as usize] {
+        self.memory
+            .holders(block)
+            .filter_map(|slot| match self.replica_of_slot[slot as usize] {
                 NO_REPLICA => None,
                 replica => Some(replica as usize),
-            }
-        })
+            })
     }
 
     /// Whether some candidate's model holds the first `need` blocks of `blocks`. A holder of
     /// block `need - 1` nearly always holds its prefix too, so the first one checked decides.
     fn holds_leading(&self, blocks: &[BlockHash], need: usize) -> bool {
         blocks.len() >= need
-            && self.memory.holders(blocks[need - 1]).iter().any(|&slot| {
+            && self.memory.holders(blocks[need - 1]).any(|slot| {
                 self.replica_of_slot[slot as usize] != NO_REPLICA
                     && blocks[..need - 1]
                         .iter()
                         .all(|&block| self.memory.holds(slot, block))
             })
     }
+
+    /// Whether request `request` may use `replica` (step 7).
+    fn may_use(&self, request: usize, replica: usize) -> bool {
+        self.batch[request]
+            .allowed_replicas
+            .is_none_or(|allowed| allowed.contains(&replica))
+    }
 }
 
-/// The plan, and with memory the (request, replica) pairs to touch: one request of each unit per
-/// replica it was placed on, in placement order.
+/// The plan; with memory, each unit's blocks are recorded in the models of the replicas it was
+/// placed on (those its members may use) as it is placed.
 fn plan(
     batch: &[BatchRequest<'_>],
     replicas: &[Replica<'_>],
     params: &PlanParams,
-    recall: Option<&Recall<'_>>,
-) -> (Plan, Vec<(usize, usize)>) {
+    mut recall: Option<Recall<'_>>,
+) -> Plan {
     let n = params.min_colocate_blocks;
     // With memory the prefix preference applies from one block on (SPEC §7).
     let prefer_from = match recall {
@@ -250,7 +258,9 @@ fn plan(
     // block (a system prompt) are placed, so that their next turns find them remembered.
     let unit_n = if recall.is_some() { n.max(1) } else { n };
     let mut units = form_units(batch, unit_n, |blocks| {
-        recall.is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
+        recall
+            .as_ref()
+            .is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
     });
     let count = |kind| units.iter().filter(|u| u.kind == kind).count();
     let mut plan = Plan {
@@ -263,7 +273,7 @@ fn plan(
         held: HeldPrefixes::default(),
     };
     if replicas.is_empty() {
-        return (plan, Vec::new());
+        return plan;
     }
     // (block, replica) pairs the window can record: each unit on at most ceil(members / k)
     // replicas.
@@ -272,8 +282,13 @@ fn plan(
         .iter()
         .map(|unit| unit.blocks.len() * unit.members.len().div_ceil(k).min(replicas.len()))
         .sum();
-    let carried = recall.map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
-    let balance = match (recall, params.balance_by) {
+    if let Some(recall) = &mut recall {
+        recall.memory.reserve(total_blocks);
+    }
+    let carried = recall
+        .as_ref()
+        .map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
+    let balance = match (&recall, params.balance_by) {
         (Some(recall), BalanceBy::Tokens) => {
             let sharers = sharers(&units);
             most_constrained_first(&mut units, &sharers, recall);
@@ -292,13 +307,13 @@ fn plan(
         recall,
         total_blocks,
     );
-    if recall.is_some() {
+    if placer.recall.is_some() {
         plan.held.list_of = vec![NO_LIST; batch.len()];
     }
     for unit in &units {
         placer.place(unit, &mut plan);
     }
-    if recall.is_some() {
+    if placer.recall.is_some() {
         // Requests outside every unit: what the replicas hold of them, for their answers.
         for (request, entry) in batch.iter().zip(0..) {
             if plan.held.list_of[entry] == NO_LIST && !request.blocks.is_empty() {
@@ -322,21 +337,7 @@ fn plan(
             }
         }
     }
-    let mut placed = Vec::new();
-    if recall.is_some() {
-        let mut last_unit = vec![usize::MAX; replicas.len()];
-        for (index, unit) in units.iter().enumerate() {
-            for &member in &unit.members {
-                if let Some(replica) = plan.assignments[member] {
-                    if last_unit[replica] != index {
-                        last_unit[replica] = index;
-                        placed.push((member, replica));
-                    }
-                }
-            }
-        }
-    }
-    (plan, placed)
+    plan
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -436,17 +437,32 @@ enum Balance {
     /// With memory in tokens mode, where load and prefill are both blocks: where the unit
     /// finishes first, pricing the blocks it would prefill again (`Placer::earliest_finish`).
     EarliestFinish {
-        /// Per block, the units of this window whose chain holds it.
+        /// Per block, the units of this window that share it (`sharers`).
         sharers: HashMap<BlockHash, u32, BuildBlockHasher>,
     },
 }
 
-/// Per block, the units of the window whose chain holds it.
+/// Per block that two or more of the window's units share, how many share it (their chains
+/// agree up to it); a block missing is one unit's own. Found depth by depth among the units
+/// that agreed so far, so a unit costs the blocks it shares, not all of its blocks.
 fn sharers(units: &[Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> {
     let mut sharers: HashMap<BlockHash, u32, BuildBlockHasher> = HashMap::default();
-    for unit in units {
-        for &block in unit.blocks {
-            *sharers.entry(block).or_default() += 1;
+    let mut order: Vec<u32> = (0..units.len() as u32).collect();
+    // Runs of `order` whose units agree on their blocks before `depth`: (depth, start, end).
+    let mut runs = vec![(0, 0, order.len())];
+    while let Some((depth, start, end)) = runs.pop() {
+        let block_at = |unit: u32| units[unit as usize].blocks.get(depth).copied();
+        let run = &mut order[start..end];
+        run.sort_unstable_by_key(|&unit| block_at(unit));
+        let mut from = 0;
+        while from < run.len() {
+            let block = block_at(run[from]);
+            let to = from + run[from..].partition_point(|&unit| block_at(unit) == block);
+            if let (Some(block), true) = (block, to - from >= 2) {
+                *sharers.entry(block).or_default() += (to - from) as u32;
+                runs.push((depth + 1, start + from, start + to));
+            }
+            from = to;
         }
     }
     sharers
@@ -470,7 +486,7 @@ fn most_constrained_first(
             .partition_point(|&block| recall.holders(block).next().is_some());
         let shared_by = match remembered {
             0 => u32::MAX,
-            depth => sharers[&unit.blocks[depth - 1]],
+            depth => sharers.get(&unit.blocks[depth - 1]).copied().unwrap_or(1),
         };
         (!unit.remembered, shared_by)
     });
@@ -484,7 +500,8 @@ fn most_constrained_first(
 /// replica comes from an ordered index, not a scan of the replicas.
 struct Placer<'a> {
     params: &'a PlanParams,
-    recall: Option<&'a Recall<'a>>,
+    /// With memory, it also holds this window's placements: the walk reads one index.
+    recall: Option<Recall<'a>>,
     /// k, with unlimited as `usize::MAX`.
     k: usize,
     balance: Balance,
@@ -501,10 +518,11 @@ struct Placer<'a> {
     full: Vec<usize>,
     /// Placing members beyond k x replicas: every replica stays a candidate.
     overflowing: bool,
-    /// Every (block, replica) placed in this window (when looked up: without the preference,
-    /// or with memory).
+    /// Every (block, replica) placed in this window, when looked up: without the preference;
+    /// with memory, only the leading blocks the preference needs, which the memory did not hold.
     held: HashSet<(BlockHash, u32), BuildBlockHasher>,
-    /// The replicas this window placed each block on (kept when the preference walks them).
+    /// Without memory: the replicas this window placed each block on (kept when the preference
+    /// walks them).
     /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
     /// allocating one per block was most of the time of a 10,000-request window).
     holders: HashMap<BlockHash, u32, BuildBlockHasher>,
@@ -518,6 +536,9 @@ struct Placer<'a> {
     members_here: Vec<usize>,
     /// Scratch: replicas the current unit touched, in placement order.
     touched: Vec<usize>,
+    /// Scratch, per replica, with memory: a member of the current unit placed on it may use it
+    /// (step 7), so its model records the unit.
+    usable: Vec<bool>,
 }
 
 impl<'a> Placer<'a> {
@@ -528,7 +549,7 @@ impl<'a> Placer<'a> {
         balance: Balance,
         prefer_from: Option<usize>,
         load: Vec<u64>,
-        recall: Option<&'a Recall<'a>>,
+        recall: Option<Recall<'a>>,
         total_blocks: usize,
     ) -> Self {
         let mut by_order: Vec<u32> = (0..replicas.len() as u32).collect();
@@ -544,14 +565,14 @@ impl<'a> Placer<'a> {
         for (rank, &replica) in by_order.iter().enumerate() {
             order[replica as usize] = rank as u32;
         }
-        let walked_blocks = if prefer_from.is_some() {
+        // The window's own index, without memory (with it, the memory's table is the index).
+        let walked_blocks = if prefer_from.is_some() && recall.is_none() {
             total_blocks
         } else {
             0
         };
         Placer {
             params,
-            recall,
             k: params.max_per_replica.unwrap_or(usize::MAX),
             balance,
             prefer_from,
@@ -562,7 +583,7 @@ impl<'a> Placer<'a> {
             full: Vec::new(),
             overflowing: false,
             held: HashSet::with_capacity_and_hasher(
-                if prefer_from.is_none() || recall.is_some() {
+                if prefer_from.is_none() {
                     total_blocks
                 } else {
                     0
@@ -575,6 +596,8 @@ impl<'a> Placer<'a> {
             matched: Vec::new(),
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
+            usable: vec![false; if recall.is_some() { replicas.len() } else { 0 }],
+            recall,
         }
     }
 
@@ -616,16 +639,43 @@ impl<'a> Placer<'a> {
             self.overflowing = false;
         }
         self.restore_full();
-        for i in 0..self.touched.len() {
-            let replica = self.touched[i];
-            self.record(unit.blocks, replica);
-            self.members_here[replica] = 0;
+        if let Some(recall) = &mut self.recall {
+            // The unit is recorded where a member may stay (step 7 takes the others back).
+            for &member in members {
+                if let Some(replica) = plan.assignments[member] {
+                    if recall.may_use(member, replica) {
+                        self.usable[replica] = true;
+                    }
+                }
+            }
+            let need = self.prefer_from.unwrap_or(1).min(unit.blocks.len());
+            for &replica in &self.touched {
+                if std::mem::take(&mut self.usable[replica]) {
+                    let slot = recall.slots[replica];
+                    // The leading blocks this window gives the replica, to tell its placements
+                    // from the memory's (`Source`).
+                    for &block in &unit.blocks[..need] {
+                        if !recall.memory.holds(slot, block) {
+                            self.held.insert((block, replica as u32));
+                        }
+                    }
+                    recall.memory.record(slot, unit.blocks);
+                }
+                self.members_here[replica] = 0;
+            }
+        } else {
+            for i in 0..self.touched.len() {
+                let replica = self.touched[i];
+                self.record(unit.blocks, replica);
+                self.members_here[replica] = 0;
+            }
         }
         self.touched.clear();
         self.clear_matches();
     }
 
-    /// Records `blocks` as held by `replica`; its leading `matches` blocks already are.
+    /// Records `blocks` as held by `replica` (without memory); its leading `matches` blocks
+    /// already are.
     fn record(&mut self, blocks: &[BlockHash], replica: usize) {
         let r = replica as u32;
         for &block in &blocks[self.matches[replica]..] {
@@ -633,13 +683,9 @@ impl<'a> Placer<'a> {
                 self.held.insert((block, r));
                 continue;
             }
-            // Walked, not looked up: the set is only needed with memory (for `held_prefix`).
-            // Without it a replica may appear twice on a list (a later prompt's chain held
-            // without the earlier one), which the walk's marker ignores; the same replica
-            // twice in a row is skipped here.
-            if self.recall.is_some() && !self.held.insert((block, r)) {
-                continue;
-            }
+            // Walked, not looked up. A replica may appear twice on a list (a later prompt's
+            // chain held without the earlier one), which the walk's marker ignores; the same
+            // replica twice in a row is skipped here.
             let node = self.holder_nodes.len() as u32;
             let head = self.holders.get(&block).copied().unwrap_or(NO_NODE);
             if self
@@ -810,14 +856,15 @@ impl<'a> Placer<'a> {
         };
         for (depth, block) in blocks.iter().enumerate() {
             let mut advanced = false;
-            let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
-            while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
-                advanced |= advance(holder as usize, depth);
-                node = next;
-            }
-            if let Some(recall) = self.recall {
+            if let Some(recall) = &self.recall {
                 for holder in recall.holders(*block) {
                     advanced |= advance(holder, depth);
+                }
+            } else {
+                let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
+                while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
+                    advanced |= advance(holder as usize, depth);
+                    node = next;
                 }
             }
             if !advanced {
