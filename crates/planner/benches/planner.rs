@@ -10,7 +10,7 @@ use burst_prefix_planner::{
     Memory, MemorySettings, PlanParams, Prompt, Replica,
 };
 use criterion::{
-    criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput,
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use reference::reference_assign;
 use std::hint::black_box;
@@ -238,18 +238,19 @@ fn scaling(c: &mut Criterion) {
     group.finish();
 }
 
-/// `assign_with_memory` on the 10,000-request window against `assign` in the same run: the
-/// memory was filled by an earlier window on the same families (default capacity, 4,096
-/// blocks), and each iteration plans on a fresh copy of it (the copy is not timed).
+/// `assign_with_memory` against `assign` in the same run, on a stream of 10,000-request windows
+/// (eight, in turn, each on the same families with other prompts), as a producer plans them one
+/// after the other: each window's 80,000 new blocks overflow the replicas' caches (default
+/// capacity, 4,096 blocks each), so the memory evicts as many. The memory is at its steady size
+/// (it planned all eight windows once before), and both planners see the same windows.
 fn planning_with_memory(c: &mut Criterion) {
     let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
     let replicas = replica_list(&ids);
-    let earlier: Vec<Vec<Vec<BlockHash>>> =
-        (1..=4).map(|seed| window_seeded(10_000, seed)).collect();
-    let prompts = window(10_000);
-    let batch = whole_batch(&prompts);
+    let windows: Vec<Vec<Vec<BlockHash>>> =
+        (0..8).map(|seed| window_seeded(10_000, seed)).collect();
+    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
     let mut group = c.benchmark_group("plan_window_memory_10000");
-    group.throughput(Throughput::Elements(batch.len() as u64));
+    group.throughput(Throughput::Elements(10_000));
     for (mode, balance_by) in [
         ("requests", BalanceBy::Requests),
         ("tokens", BalanceBy::Tokens),
@@ -260,41 +261,34 @@ fn planning_with_memory(c: &mut Criterion) {
             balance_by,
         };
         group.bench_function(format!("assign_baseline_{mode}"), |b| {
-            b.iter(|| assign(black_box(&batch), &replicas, &params))
-        });
-        for (age, windows) in [("young", 1), ("steady", earlier.len())] {
-            let mut warmed = Memory::new(MemorySettings {
-                capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
-                load_half_life_ms: 1_000,
-            });
-            for (window, prompts) in earlier[..windows].iter().enumerate() {
-                let now_ms = window as u64 * 100;
-                assign_with_memory(
-                    &whole_batch(prompts),
+            let mut next = 0;
+            b.iter(|| {
+                next += 1;
+                assign(
+                    black_box(&batches[next % batches.len()]),
                     &replicas,
                     &params,
-                    &mut warmed,
-                    now_ms,
-                );
-            }
-            let now_ms = windows as u64 * 100;
-            group.bench_function(format!("assign_with_memory_{mode}_{age}"), |b| {
-                b.iter_batched(
-                    || warmed.clone(),
-                    |mut memory| {
-                        let plan = assign_with_memory(
-                            black_box(&batch),
-                            &replicas,
-                            &params,
-                            &mut memory,
-                            now_ms,
-                        );
-                        (plan, memory)
-                    },
-                    BatchSize::LargeInput,
                 )
-            });
+            })
+        });
+        let mut memory = Memory::new(MemorySettings {
+            capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
+            load_half_life_ms: 1_000,
+        });
+        let mut now_ms = 0;
+        for batch in &batches {
+            now_ms += 100;
+            assign_with_memory(batch, &replicas, &params, &mut memory, now_ms);
         }
+        group.bench_function(format!("assign_with_memory_{mode}"), |b| {
+            let mut next = 0;
+            b.iter(|| {
+                next += 1;
+                now_ms += 100;
+                let batch = &batches[next % batches.len()];
+                assign_with_memory(black_box(batch), &replicas, &params, &mut memory, now_ms)
+            })
+        });
     }
     group.finish();
 }

@@ -65,59 +65,50 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
     let replicas = replica_list(&ids);
-    let earlier: Vec<Vec<Vec<BlockHash>>> = (1..=4).map(|s| window_seeded(10_000, s)).collect();
-    let prompts = window_seeded(10_000, 0);
-    let batch = whole_batch(&prompts);
+    let windows: Vec<Vec<Vec<BlockHash>>> = (0..8).map(|s| window_seeded(10_000, s)).collect();
     let rounds: usize = std::env::args().nth(1).map_or(40, |a| a.parse().unwrap());
     for (mode, balance_by) in [
         ("requests", BalanceBy::Requests),
         ("tokens", BalanceBy::Tokens),
     ] {
+        if std::env::var("ONLY").is_ok_and(|o| o != mode) {
+            continue;
+        }
         let params = PlanParams {
             max_per_replica: Some(GROUP_SIZE),
             min_colocate_blocks: 0,
             balance_by,
         };
-        let mut mems = Vec::new();
-        for windows in [1, 4] {
-            let mut m = Memory::new(MemorySettings {
-                capacity_blocks: NonZeroUsize::new(4096).unwrap(),
-                load_half_life_ms: 1000,
-            });
-            for (w, p) in earlier[..windows].iter().enumerate() {
-                assign_with_memory(&whole_batch(p), &replicas, &params, &mut m, w as u64 * 100);
-            }
-            mems.push((windows, m));
+        let mut m = Memory::new(MemorySettings {
+            capacity_blocks: NonZeroUsize::new(4096).unwrap(),
+            load_half_life_ms: 1000,
+        });
+        for w in 0..8 {
+            assign_with_memory(
+                &whole_batch(&windows[w]),
+                &replicas,
+                &params,
+                &mut m,
+                w as u64 * 100,
+            );
         }
-        let (mut base, mut young, mut steady) = (vec![], vec![], vec![]);
-        for _ in 0..rounds {
+        let (mut base, mut stream) = (vec![], vec![]);
+        for r in 0..rounds {
+            let batch = whole_batch(&windows[r % 8]);
             let t = Instant::now();
             black_box(assign(black_box(&batch), &replicas, &params));
             base.push(t.elapsed().as_secs_f64() * 1e3);
-            for (windows, m) in &mems {
-                let mut m = m.clone();
-                let t = Instant::now();
-                black_box(assign_with_memory(
-                    black_box(&batch),
-                    &replicas,
-                    &params,
-                    &mut m,
-                    *windows as u64 * 100,
-                ));
-                let e = t.elapsed().as_secs_f64() * 1e3;
-                if *windows == 1 {
-                    young.push(e)
-                } else {
-                    steady.push(e)
-                }
-                drop(m);
-            }
+            let t = Instant::now();
+            black_box(assign_with_memory(
+                black_box(&batch),
+                &replicas,
+                &params,
+                &mut m,
+                (8 + r) as u64 * 100,
+            ));
+            stream.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        let (b, y, s) = (median(base), median(young), median(steady));
-        println!(
-            "{mode}: base {b:.2} ms, young {y:.2} ms ({:.1}x), steady {s:.2} ms ({:.1}x)",
-            y / b,
-            s / b
-        );
+        let (b, s) = (median(base), median(stream));
+        println!("{mode}: base {b:.2} ms, stream {s:.2} ms ({:.1}x)", s / b);
     }
 }

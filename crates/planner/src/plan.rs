@@ -288,9 +288,9 @@ fn plan(
     let carried = recall
         .as_ref()
         .map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
-    let balance = match (&recall, params.balance_by) {
-        (Some(recall), BalanceBy::Tokens) => {
-            let sharers = sharers(&units);
+    let sharers = recall.as_ref().map(|_| sharers(&mut units));
+    let balance = match (&recall, sharers, params.balance_by) {
+        (Some(recall), Some(sharers), BalanceBy::Tokens) => {
             most_constrained_first(&mut units, &sharers, recall);
             Balance::EarliestFinish { sharers }
         }
@@ -357,6 +357,9 @@ struct Unit<'a> {
     kind: UnitKind,
     /// A replica's cache model holds its leading blocks (with memory only).
     remembered: bool,
+    /// Its leading blocks that another unit of the window shares (with memory only; see
+    /// `sharers`).
+    shared: usize,
 }
 
 /// Steps 1-3: group identical block sequences, keep the units, order them. A single that is no
@@ -381,6 +384,7 @@ fn form_units<'a>(
                 members: Vec::new(),
                 kind: UnitKind::Single,
                 remembered: false,
+                shared: 0,
             });
         }
         groups[group].members.push(index);
@@ -443,11 +447,13 @@ enum Balance {
 }
 
 /// Per block that two or more of the window's units share, how many share it (their chains
-/// agree up to it); a block missing is one unit's own. Found depth by depth among the units
-/// that agreed so far, so a unit costs the blocks it shares, not all of its blocks.
-fn sharers(units: &[Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> {
+/// agree up to it); a block missing is one unit's own. Sets each unit's `shared` blocks.
+/// Found depth by depth among the units that agreed so far, so a unit costs the blocks it
+/// shares, not all of its blocks.
+fn sharers(units: &mut [Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> {
     let mut sharers: HashMap<BlockHash, u32, BuildBlockHasher> = HashMap::default();
     let mut order: Vec<u32> = (0..units.len() as u32).collect();
+    let mut shared = vec![0; units.len()];
     // Runs of `order` whose units agree on their blocks before `depth`: (depth, start, end).
     let mut runs = vec![(0, 0, order.len())];
     while let Some((depth, start, end)) = runs.pop() {
@@ -461,9 +467,15 @@ fn sharers(units: &[Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> {
             if let (Some(block), true) = (block, to - from >= 2) {
                 *sharers.entry(block).or_default() += (to - from) as u32;
                 runs.push((depth + 1, start + from, start + to));
+                for &unit in &run[from..to] {
+                    shared[unit as usize] = depth + 1;
+                }
             }
             from = to;
         }
+    }
+    for (unit, shared) in units.iter_mut().zip(shared) {
+        unit.shared = shared;
     }
     sharers
 }
@@ -659,7 +671,7 @@ impl<'a> Placer<'a> {
                             self.held.insert((block, replica as u32));
                         }
                     }
-                    recall.memory.record(slot, unit.blocks);
+                    recall.memory.record(slot, unit.blocks, unit.shared);
                 }
                 self.members_here[replica] = 0;
             }

@@ -129,9 +129,7 @@ fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
         for (_, blocks) in memory.replica_blocks() {
             assert!(blocks <= capacity);
         }
-        // Evicted blocks leave the index in sweeps, once they are as many as the held ones.
-        assert!(memory.index_entries() <= 2 * memory.held_blocks());
-        assert!(memory.index_entries() >= memory.held_blocks());
+        assert_eq!(memory.index_entries(), memory.held_blocks());
     }
     assert_eq!(memory.held_blocks(), capacity * IDS.len());
 }
