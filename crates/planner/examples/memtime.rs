@@ -83,9 +83,9 @@ fn main() {
             capacity_blocks: NonZeroUsize::new(4096).unwrap(),
             load_half_life_ms: 1000,
         });
-        for w in 0..8 {
+        for (w, window) in windows.iter().enumerate() {
             assign_with_memory(
-                &whole_batch(&windows[w]),
+                &whole_batch(window),
                 &replicas,
                 &params,
                 &mut m,
