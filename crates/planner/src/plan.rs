@@ -195,7 +195,8 @@ pub fn assign_with_memory(
     plan
 }
 
-/// The memory, as planning reads it and records the window's placements in it.
+/// The memory: planning reads the models as the window found them, and touches the blocks of
+/// each placed unit (merged into the models by `Memory::settle` after the window).
 struct Recall<'m> {
     memory: &'m mut Memory,
     batch: &'m [BatchRequest<'m>],
@@ -240,13 +241,13 @@ impl Recall<'_> {
     }
 }
 
-/// The plan; with memory, each unit's blocks are recorded in the models of the replicas it was
+/// The plan; with memory, each unit's blocks are touched in the models of the replicas it was
 /// placed on (those its members may use) as it is placed.
 fn plan(
     batch: &[BatchRequest<'_>],
     replicas: &[Replica<'_>],
     params: &PlanParams,
-    mut recall: Option<Recall<'_>>,
+    recall: Option<Recall<'_>>,
 ) -> Plan {
     let n = params.min_colocate_blocks;
     // With memory the prefix preference applies from one block on (SPEC §7).
@@ -275,20 +276,24 @@ fn plan(
     if replicas.is_empty() {
         return plan;
     }
+    let sharers = recall.as_ref().map(|_| sharers(&mut units));
     // (block, replica) pairs the window can record: each unit on at most ceil(members / k)
-    // replicas.
+    // replicas (with memory, only the prefix it shares: `Placer::place`).
     let k = params.max_per_replica.unwrap_or(usize::MAX);
     let total_blocks = units
         .iter()
-        .map(|unit| unit.blocks.len() * unit.members.len().div_ceil(k).min(replicas.len()))
+        .map(|unit| {
+            let recorded = if recall.is_some() {
+                unit.shared
+            } else {
+                unit.blocks.len()
+            };
+            recorded * unit.members.len().div_ceil(k).min(replicas.len())
+        })
         .sum();
-    if let Some(recall) = &mut recall {
-        recall.memory.reserve(total_blocks);
-    }
     let carried = recall
         .as_ref()
         .map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
-    let sharers = recall.as_ref().map(|_| sharers(&mut units));
     let balance = match (&recall, sharers, params.balance_by) {
         (Some(recall), Some(sharers), BalanceBy::Tokens) => {
             most_constrained_first(&mut units, &sharers, recall);
@@ -512,7 +517,7 @@ fn most_constrained_first(
 /// replica comes from an ordered index, not a scan of the replicas.
 struct Placer<'a> {
     params: &'a PlanParams,
-    /// With memory, it also holds this window's placements: the walk reads one index.
+    /// With memory: the walk reads its models beside the window's own index.
     recall: Option<Recall<'a>>,
     /// k, with unlimited as `usize::MAX`.
     k: usize,
@@ -530,11 +535,11 @@ struct Placer<'a> {
     full: Vec<usize>,
     /// Placing members beyond k x replicas: every replica stays a candidate.
     overflowing: bool,
-    /// Every (block, replica) placed in this window, when looked up: without the preference;
-    /// with memory, only the leading blocks the preference needs, which the memory did not hold.
+    /// Every (block, replica) recorded in this window (when looked up: without the preference,
+    /// or with memory).
     held: HashSet<(BlockHash, u32), BuildBlockHasher>,
-    /// Without memory: the replicas this window placed each block on (kept when the preference
-    /// walks them).
+    /// The replicas this window placed each block on (kept when the preference walks them; with
+    /// memory, only the blocks another unit of the window shares).
     /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
     /// allocating one per block was most of the time of a 10,000-request window).
     holders: HashMap<BlockHash, u32, BuildBlockHasher>,
@@ -577,8 +582,8 @@ impl<'a> Placer<'a> {
         for (rank, &replica) in by_order.iter().enumerate() {
             order[replica as usize] = rank as u32;
         }
-        // The window's own index, without memory (with it, the memory's table is the index).
-        let walked_blocks = if prefer_from.is_some() && recall.is_none() {
+        // The window's own index, walked by the preference.
+        let walked_blocks = if prefer_from.is_some() {
             total_blocks
         } else {
             0
@@ -595,7 +600,7 @@ impl<'a> Placer<'a> {
             full: Vec::new(),
             overflowing: false,
             held: HashSet::with_capacity_and_hasher(
-                if prefer_from.is_none() {
+                if prefer_from.is_none() || recall.is_some() {
                     total_blocks
                 } else {
                     0
@@ -660,44 +665,43 @@ impl<'a> Placer<'a> {
                     }
                 }
             }
-            let need = self.prefer_from.unwrap_or(1).min(unit.blocks.len());
             for &replica in &self.touched {
                 if std::mem::take(&mut self.usable[replica]) {
-                    let slot = recall.slots[replica];
-                    // The leading blocks this window gives the replica, to tell its placements
-                    // from the memory's (`Source`).
-                    for &block in &unit.blocks[..need] {
-                        if !recall.memory.holds(slot, block) {
-                            self.held.insert((block, replica as u32));
-                        }
-                    }
-                    recall.memory.record(slot, unit.blocks, unit.shared);
+                    recall.memory.touch(recall.slots[replica], unit.blocks);
                 }
-                self.members_here[replica] = 0;
             }
-        } else {
-            for i in 0..self.touched.len() {
-                let replica = self.touched[i];
-                self.record(unit.blocks, replica);
-                self.members_here[replica] = 0;
-            }
+        }
+        // The window's own index needs only the blocks its other units walk: with memory, a
+        // unit's blocks past the prefix it shares with another unit go to the memory alone.
+        let recorded = match self.recall {
+            Some(_) => &unit.blocks[..unit.shared],
+            None => unit.blocks,
+        };
+        for i in 0..self.touched.len() {
+            let replica = self.touched[i];
+            self.record(recorded, replica);
+            self.members_here[replica] = 0;
         }
         self.touched.clear();
         self.clear_matches();
     }
 
-    /// Records `blocks` as held by `replica` (without memory); its leading `matches` blocks
+    /// Records `blocks` as held by `replica` in this window; its leading `matches` blocks
     /// already are.
     fn record(&mut self, blocks: &[BlockHash], replica: usize) {
         let r = replica as u32;
-        for &block in &blocks[self.matches[replica]..] {
+        for &block in blocks.get(self.matches[replica]..).unwrap_or_default() {
             if self.prefer_from.is_none() {
                 self.held.insert((block, r));
                 continue;
             }
-            // Walked, not looked up. A replica may appear twice on a list (a later prompt's
-            // chain held without the earlier one), which the walk's marker ignores; the same
-            // replica twice in a row is skipped here.
+            // Walked, not looked up: the set is only needed with memory (for `held_prefix`).
+            // Without it a replica may appear twice on a list (a later prompt's chain held
+            // without the earlier one), which the walk's marker ignores; the same replica
+            // twice in a row is skipped here.
+            if self.recall.is_some() && !self.held.insert((block, r)) {
+                continue;
+            }
             let node = self.holder_nodes.len() as u32;
             let head = self.holders.get(&block).copied().unwrap_or(NO_NODE);
             if self
@@ -868,15 +872,14 @@ impl<'a> Placer<'a> {
         };
         for (depth, block) in blocks.iter().enumerate() {
             let mut advanced = false;
+            let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
+            while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
+                advanced |= advance(holder as usize, depth);
+                node = next;
+            }
             if let Some(recall) = &self.recall {
                 for holder in recall.holders(*block) {
                     advanced |= advance(holder, depth);
-                }
-            } else {
-                let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
-                while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
-                    advanced |= advance(holder as usize, depth);
-                    node = next;
                 }
             }
             if !advanced {
