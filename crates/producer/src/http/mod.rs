@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -30,7 +30,7 @@ use burst_prefix_api::PlannerConfig;
 use tokio::sync::Semaphore;
 
 use crate::core::batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
-use crate::core::metrics::Outcome;
+use crate::core::metrics::{Metrics, Outcome};
 use crate::core::request::Hints;
 use crate::core::{PlaceRequest, Producer};
 use error::ApiError;
@@ -170,15 +170,44 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// Counts a `/v1/plan` call as abandoned if its handler is dropped before the plan job takes
+/// over (which counts its own outcome): the client left, or the request timed out, while its
+/// body was still being read or while it waited for a slot.
+struct AbandonedUnlessHandedOver(Option<Arc<Metrics>>);
+
+impl AbandonedUnlessHandedOver {
+    fn hand_over(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonedUnlessHandedOver {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.0.take() {
+            metrics.plan("abandoned");
+        }
+    }
+}
+
 async fn plan(
     State(producer): State<Producer>,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Json<PlanOutput>, ApiError> {
-    let body = body_bytes(&producer, body)?;
-    let _slot = plan_slots()
-        .acquire()
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let unfinished = AbandonedUnlessHandedOver(Some(producer.metrics.clone()));
+    // The body is read here rather than by an extractor, so that a client leaving while it is
+    // read is counted (hyper drops the handler as soon as it reads the end of the connection).
+    let body = Bytes::from_request(request, &()).await;
+    let slot = match body_bytes(&producer, body) {
+        Ok(body) => plan_slots()
+            .acquire()
+            .await
+            .map(|slot| (body, slot))
+            .map_err(|e| ApiError::Internal(e.to_string())),
+        Err(error) => Err(error),
+    };
+    // From here the plan job counts the outcome; a body that could not be read is not a plan.
+    unfinished.hand_over();
+    let (body, _slot) = slot?;
     let cancelled = Arc::new(AtomicBool::new(false));
     let _cancel = CancelOnDrop(cancelled.clone());
     let max_requests = producer
