@@ -30,6 +30,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
+use std::ops::Range;
 
 use crate::prefixhash::BlockHash;
 
@@ -223,22 +224,30 @@ impl Memory {
     }
 
     pub(crate) fn holds(&self, slot: u32, block: BlockHash) -> bool {
-        self.run(block)
-            .binary_search_by_key(&slot, |held| held.slot)
-            .is_ok()
+        self.position(block, slot).is_some()
     }
 
     /// The entries of `block`, one per holder, by slot.
     fn run(&self, block: BlockHash) -> &[Held] {
-        let bucket = self.bucket(block);
-        let range = &self.held[self.starts[bucket] as usize..self.starts[bucket + 1] as usize];
-        let from = range.partition_point(|held| held.block < block);
-        let to = from + range[from..].partition_point(|held| held.block == block);
-        &range[from..to]
+        let bucket = &self.held[self.bucket(block)];
+        let from = bucket.partition_point(|held| held.block < block);
+        let to = from + bucket[from..].partition_point(|held| held.block == block);
+        &bucket[from..to]
     }
 
-    fn bucket(&self, block: BlockHash) -> usize {
-        leading_bits(block, self.index_bits)
+    /// Where `slot`'s entry for `block` is in `held`, if it holds the block.
+    fn position(&self, block: BlockHash, slot: u32) -> Option<usize> {
+        let bucket = self.bucket(block);
+        self.held[bucket.clone()]
+            .binary_search_by_key(&(block, slot), Held::key)
+            .ok()
+            .map(|at| bucket.start + at)
+    }
+
+    /// The range of `held` whose blocks share `block`'s leading bits (the radix index's bucket).
+    fn bucket(&self, block: BlockHash) -> Range<usize> {
+        let bucket = leading_bits(block, self.index_bits);
+        self.starts[bucket] as usize..self.starts[bucket + 1] as usize
     }
 
     /// The load `slot` carries into a window planned at `now_ms`.
@@ -384,29 +393,22 @@ impl Memory {
             .log
             .extend(old.into_iter().filter(|&(_, crossed)| !crossed));
         for at in 0..model.log.len() {
-            let block = model.log[at].0;
-            let stamp = model.stamp(at);
-            let bucket = leading_bits(block, self.index_bits);
-            let range = self.starts[bucket] as usize..self.starts[bucket + 1] as usize;
-            let within = self.held[range.clone()]
-                .binary_search_by_key(&(block, slot), Held::key)
-                .expect("a held block is indexed");
-            self.held[range.start + within].stamp = stamp;
+            let model = self.model(slot);
+            let (block, stamp) = (model.log[at].0, model.stamp(at));
+            let held = self.position(block, slot).expect("a held block is indexed");
+            self.held[held].stamp = stamp;
         }
     }
 
     /// Rebuilds the radix index over `held`: about one block per bucket.
     fn reindex(&mut self) {
-        self.index_bits = index_bits(self.held.len());
-        let buckets = 1usize << self.index_bits;
+        let bits = index_bits(self.held.len());
+        self.index_bits = bits;
         self.starts.clear();
-        self.starts.resize(buckets + 1, 0);
-        for held in &self.held {
-            self.starts[leading_bits(held.block, self.index_bits) + 1] += 1;
-        }
-        for bucket in 0..buckets {
-            self.starts[bucket + 1] += self.starts[bucket];
-        }
+        self.starts.resize((1 << bits) + 1, 0);
+        bucket_starts(&self.held, &mut self.starts, |held| {
+            leading_bits(held.block, bits)
+        });
     }
 
     fn model(&self, slot: u32) -> &ReplicaModel {
@@ -424,6 +426,17 @@ fn leading_bits(block: BlockHash, bits: u32) -> usize {
     block.checked_shr(64 - bits).unwrap_or(0) as usize
 }
 
+/// Where each bucket of `entries` starts once they are ordered by bucket: `starts[b]`, with
+/// `starts` one longer than the buckets and zeroed.
+fn bucket_starts(entries: &[Held], starts: &mut [u32], bucket: impl Fn(&Held) -> usize) {
+    for entry in entries {
+        starts[bucket(entry) + 1] += 1;
+    }
+    for at in 1..starts.len() {
+        starts[at] += starts[at - 1];
+    }
+}
+
 /// `entries` sorted by (block, slot, stamp) into `sorted`: two stable radix passes on the
 /// blocks' leading 16 bits (8 at a time, into 256 streams each, which stay in cache), then a
 /// sort of each run with equal leading bits (block hashes are uniform, so runs are tiny).
@@ -431,18 +444,13 @@ fn leading_bits(block: BlockHash, bits: u32) -> usize {
 fn sort_into(entries: &[Held], sorted: &mut Vec<Held>, spare: &mut Vec<Held>) {
     let digit = |entry: &Held, shift: u32| (entry.block >> shift) as usize & 0xff;
     let pass = |from: &[Held], to: &mut Vec<Held>, shift: u32| {
-        let mut starts = [0usize; 257];
-        for entry in from {
-            starts[digit(entry, shift) + 1] += 1;
-        }
-        for at in 1..starts.len() {
-            starts[at] += starts[at - 1];
-        }
+        let mut starts = [0u32; 257];
+        bucket_starts(from, &mut starts, |entry| digit(entry, shift));
         to.clear();
         to.resize(from.len(), Held::default());
         for entry in from {
             let at = &mut starts[digit(entry, shift)];
-            to[*at] = *entry;
+            to[*at as usize] = *entry;
             *at += 1;
         }
     };

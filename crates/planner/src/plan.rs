@@ -181,7 +181,7 @@ pub fn assign_with_memory(
     let recall = Recall {
         memory,
         batch,
-        slots: slots.clone(),
+        slots: &slots,
         replica_of_slot,
         carried: carried.iter().map(|&load| load.round() as u64).collect(),
     };
@@ -201,7 +201,7 @@ struct Recall<'m> {
     memory: &'m mut Memory,
     batch: &'m [BatchRequest<'m>],
     /// Per replica, its memory slot (endpoint ids are unique: callers refuse duplicates).
-    slots: Vec<u32>,
+    slots: &'m [u32],
     /// Per memory slot, the replica index in this call (`NO_REPLICA`: not a candidate now).
     replica_of_slot: Vec<u32>,
     /// Per replica, the load it starts this window with.
