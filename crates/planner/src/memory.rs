@@ -52,7 +52,9 @@ pub struct Memory {
     /// By slot; `None` for a slot freed by [`Memory::retain_replicas`].
     models: Vec<Option<ReplicaModel>>,
     free_slots: Vec<u32>,
-    /// Every held (block, replica), sorted by (block, slot), with the stamp of its last use.
+    /// Every held (block, replica), sorted by (block, slot), with the stamp of its last use;
+    /// also the entries the last [`Memory::settle`] evicted, which the next merge drops (an
+    /// entry is held while its stamp is in its replica's log: `Memory::live`).
     held: Vec<Held>,
     /// `held[starts[b]..starts[b + 1]]` are the blocks whose leading `index_bits` are `b`.
     starts: Vec<u32>,
@@ -65,8 +67,8 @@ pub struct Memory {
 #[derive(Debug, Default)]
 struct Scratch {
     touches: Vec<Held>,
-    sorted: Vec<Held>,
-    spare: Vec<Held>,
+    /// Per bucket of the merged index (by the blocks' leading bits), where its touches go.
+    buckets: Vec<u32>,
     merged: Vec<Held>,
 }
 
@@ -113,6 +115,21 @@ struct ReplicaModel {
 impl ReplicaModel {
     fn stamp(&self, at: usize) -> u32 {
         (self.base + at as u64) as u32
+    }
+
+    /// The log's entries the window being planned added.
+    fn pending_touches(&self) -> std::collections::vec_deque::Iter<'_, (BlockHash, bool)> {
+        self.log.range(self.log.len() - self.pending..)
+    }
+
+    /// The stamps in the log: from the first, how many (as `logs` compares them).
+    fn span(&self) -> (u32, u32) {
+        (self.base as u32, self.log.len() as u32)
+    }
+
+    /// Whether `stamp` is in the log: a use not evicted yet.
+    fn logs(&self, stamp: u32) -> bool {
+        (stamp.wrapping_sub(self.base as u32) as usize) < self.log.len()
     }
 
     fn cross_out(&mut self, stamp: u32) {
@@ -172,14 +189,16 @@ impl Memory {
         }
         // A departure within a window (not from the planner) keeps the others' touches.
         self.merge_pending();
-        self.reindex();
         for &slot in &gone {
             let model = self.models[slot as usize].take().expect("a live slot");
             self.slot_of.remove(&model.id);
         }
         let models = &self.models;
-        self.held
-            .retain(|held| models[held.slot as usize].is_some());
+        self.held.retain(|held| {
+            models[held.slot as usize]
+                .as_ref()
+                .is_some_and(|model| model.logs(held.stamp))
+        });
         self.free_slots.extend(gone);
         self.reindex();
     }
@@ -220,11 +239,21 @@ impl Memory {
 
     /// The slots holding `block` (as of the last [`Memory::settle`]).
     pub(crate) fn holders(&self, block: BlockHash) -> impl Iterator<Item = u32> + '_ {
-        self.run(block).iter().map(|held| held.slot)
+        self.run(block)
+            .iter()
+            .filter(|held| self.live(held))
+            .map(|held| held.slot)
     }
 
     pub(crate) fn holds(&self, slot: u32, block: BlockHash) -> bool {
-        self.position(block, slot).is_some()
+        self.position(block, slot)
+            .is_some_and(|at| self.live(&self.held[at]))
+    }
+
+    /// Whether an entry of `held` is still held: its stamp is in its replica's log (the
+    /// entries a settle evicts stay in `held` until the next merge).
+    fn live(&self, held: &Held) -> bool {
+        self.model(held.slot).logs(held.stamp)
     }
 
     /// The entries of `block`, one per holder, by slot.
@@ -278,18 +307,17 @@ impl Memory {
     }
 
     /// Merges the touches since the last call into the model, evicts the least recently used
-    /// blocks of every replica beyond its capacity, and drops logs' crossed-out entries once
-    /// they outnumber the capacity (so a log stays within twice the capacity plus one window's
+    /// blocks of every replica beyond its capacity (their entries stay in the index, not held,
+    /// until the next merge drops them), and drops logs' crossed-out entries once they
+    /// outnumber the capacity (so a log stays within twice the capacity plus one window's
     /// touches, and each touch pays for its entry once).
     pub(crate) fn settle(&mut self) {
         self.merge_pending();
         let capacity = self.settings.capacity_blocks.get();
-        let mut evicted = false;
         for model in self.models.iter_mut().flatten() {
             while model.held > capacity {
                 let (_, crossed) = model.log.pop_front().expect("every held block is logged");
                 model.base += 1;
-                evicted = true;
                 if crossed {
                     model.crossed -= 1;
                 } else {
@@ -297,15 +325,6 @@ impl Memory {
                 }
             }
         }
-        if evicted {
-            // An entry is held while its stamp is in its replica's log: the popped ones go.
-            let models = &self.models;
-            self.held.retain(|held| {
-                let model = models[held.slot as usize].as_ref().expect("a live slot");
-                (held.stamp.wrapping_sub(model.base as u32) as usize) < model.log.len()
-            });
-        }
-        self.reindex();
         for slot in 0..self.models.len() as u32 {
             if self.models[slot as usize]
                 .as_ref()
@@ -316,10 +335,20 @@ impl Memory {
         }
     }
 
-    /// Merges the logs' pending touches into `held`: the last touch of each (block, replica)
-    /// stays, and the touches it supersedes (an earlier window's, or an earlier one of this
-    /// window) are crossed out in the log.
+    /// Merges the logs' pending touches into `held` and drops the entries evicted before: the
+    /// last touch of each (block, replica) stays, and the touches it supersedes (an earlier
+    /// window's, or an earlier one of this window) are crossed out in the log.
     fn merge_pending(&mut self) {
+        let pending: usize = self
+            .models
+            .iter()
+            .flatten()
+            .map(|model| model.pending)
+            .sum();
+        if pending == 0 {
+            return;
+        }
+        let bits = index_bits(self.held.len() + pending);
         let Memory {
             models,
             held,
@@ -328,58 +357,116 @@ impl Memory {
         } = self;
         let Scratch {
             touches,
-            sorted,
-            spare,
+            buckets,
             merged,
         } = scratch;
+        // The touches by the leading bits the merged index will have: one count and one
+        // scatter, straight from the logs.
+        buckets.clear();
+        buckets.resize((1 << bits) + 1, 0);
+        for model in models.iter().flatten() {
+            for &(block, _) in model.pending_touches() {
+                buckets[leading_bits(block, bits) + 1] += 1;
+            }
+        }
+        for at in 1..buckets.len() {
+            buckets[at] += buckets[at - 1];
+        }
         touches.clear();
-        for (slot, model) in models.iter_mut().enumerate() {
+        touches.resize(pending, Held::default());
+        for (slot, model) in models.iter().enumerate() {
             let Some(model) = model else { continue };
             let first = model.log.len() - model.pending;
-            touches.extend((first..model.log.len()).map(|at| Held {
-                block: model.log[at].0,
-                slot: slot as u32,
-                stamp: model.stamp(at),
-            }));
+            for (at, &(block, _)) in model.pending_touches().enumerate() {
+                let next = &mut buckets[leading_bits(block, bits)];
+                touches[*next as usize] = Held {
+                    block,
+                    slot: slot as u32,
+                    stamp: model.stamp(first + at),
+                };
+                *next += 1;
+            }
+        }
+        // In order but within buckets (about one touch each): an insertion sort finishes it in
+        // about one pass, and keeps a replica's touches of a block in use order.
+        for at in 1..touches.len() {
+            let mut at = at;
+            while at > 0 && touches[at].key() < touches[at - 1].key() {
+                touches.swap(at, at - 1);
+                at -= 1;
+            }
+        }
+        // One pass over both, choosing each output entry without a branch where it can: which
+        // side comes first and whether an earlier entry is still held are a coin toss each.
+        let spans: Vec<(u32, u32)> = models
+            .iter()
+            .map(|model| model.as_ref().map_or((0, 0), ReplicaModel::span))
+            .collect();
+        let live = |held: &Held| {
+            let (base, len) = spans[held.slot as usize];
+            held.stamp.wrapping_sub(base) < len
+        };
+        let mut added = vec![0usize; models.len()];
+        let mut cross_out = |slot: u32, stamp: u32| {
+            models[slot as usize]
+                .as_mut()
+                .expect("a live slot")
+                .cross_out(stamp)
+        };
+        // Every entry is written before it is read: no need to clear it first.
+        merged.resize(held.len() + pending, Held::default());
+        let (mut next_held, mut next_touch, mut out) = (0, 0, 0);
+        while let Some(&touch) = touches.get(next_touch) {
+            if touches
+                .get(next_touch + 1)
+                .is_some_and(|later| later.key() == touch.key())
+            {
+                // Of this window's touches of a block on a replica, the last stays.
+                cross_out(touch.slot, touch.stamp);
+                next_touch += 1;
+                continue;
+            }
+            let Some(&earlier) = held.get(next_held) else {
+                merged[out] = touch;
+                out += 1;
+                added[touch.slot as usize] += 1;
+                next_touch += 1;
+                continue;
+            };
+            if earlier.key() == touch.key() {
+                if live(&earlier) {
+                    cross_out(touch.slot, earlier.stamp);
+                } else {
+                    added[touch.slot as usize] += 1;
+                }
+                merged[out] = touch;
+                out += 1;
+                next_held += 1;
+                next_touch += 1;
+                continue;
+            }
+            let (held_first, still_held) = (earlier.key() < touch.key(), live(&earlier));
+            merged[out] = if held_first { earlier } else { touch };
+            out += (held_first & still_held | !held_first) as usize;
+            added[touch.slot as usize] += !held_first as usize;
+            next_held += held_first as usize;
+            next_touch += !held_first as usize;
+        }
+        for &earlier in &held[next_held..] {
+            merged[out] = earlier;
+            out += live(&earlier) as usize;
+        }
+        merged.truncate(out);
+        for (model, added) in models.iter_mut().zip(added) {
+            if let Some(model) = model {
+                model.held += added;
+            }
+        }
+        for model in models.iter_mut().flatten() {
             model.pending = 0;
         }
-        if touches.is_empty() {
-            return;
-        }
-        sort_into(touches, sorted, spare);
-        merged.clear();
-        merged.reserve(held.len() + sorted.len());
-        let mut next_held = 0;
-        let mut next_touch = 0;
-        while let Some(&touch) = sorted.get(next_touch) {
-            let key = touch.key();
-            while held
-                .get(next_held)
-                .is_some_and(|earlier| earlier.key() < key)
-            {
-                merged.push(held[next_held]);
-                next_held += 1;
-            }
-            let model = models[touch.slot as usize].as_mut().expect("a live slot");
-            match held.get(next_held) {
-                Some(earlier) if earlier.key() == key => {
-                    model.cross_out(earlier.stamp);
-                    next_held += 1;
-                }
-                _ => model.held += 1,
-            }
-            // Of this window's touches of the same block on the same replica, the last stays.
-            let mut last = touch;
-            next_touch += 1;
-            while let Some(&later) = sorted.get(next_touch).filter(|later| later.key() == key) {
-                model.cross_out(last.stamp);
-                last = later;
-                next_touch += 1;
-            }
-            merged.push(last);
-        }
-        merged.extend_from_slice(&held[next_held..]);
         std::mem::swap(held, merged);
+        self.reindex();
     }
 
     /// Rewrites `slot`'s log without its crossed-out entries, restamping its entries in `held`.
@@ -437,53 +524,24 @@ fn bucket_starts(entries: &[Held], starts: &mut [u32], bucket: impl Fn(&Held) ->
     }
 }
 
-/// `entries` sorted by (block, slot, stamp) into `sorted`: two stable radix passes on the
-/// blocks' leading 16 bits (8 at a time, into 256 streams each, which stay in cache), then a
-/// sort of each run with equal leading bits (block hashes are uniform, so runs are tiny).
-/// Stamps are only compared among one replica's touches of one window, which never wrap.
-fn sort_into(entries: &[Held], sorted: &mut Vec<Held>, spare: &mut Vec<Held>) {
-    let digit = |entry: &Held, shift: u32| (entry.block >> shift) as usize & 0xff;
-    let pass = |from: &[Held], to: &mut Vec<Held>, shift: u32| {
-        let mut starts = [0u32; 257];
-        bucket_starts(from, &mut starts, |entry| digit(entry, shift));
-        to.clear();
-        to.resize(from.len(), Held::default());
-        for entry in from {
-            let at = &mut starts[digit(entry, shift)];
-            to[*at as usize] = *entry;
-            *at += 1;
-        }
-    };
-    pass(entries, spare, 48);
-    pass(spare, sorted, 56);
-    let mut start = 0;
-    while start < sorted.len() {
-        let leading = sorted[start].block >> 48;
-        let end = start
-            + sorted[start..]
-                .iter()
-                .take_while(|entry| entry.block >> 48 == leading)
-                .count();
-        if end - start > 1 {
-            sorted[start..end].sort_unstable_by_key(|entry| (entry.block, entry.slot, entry.stamp));
-        }
-        start = end;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use hashlink::LruCache;
     use proptest::prelude::*;
 
+    /// The entries of the index still held.
+    fn live_entries(memory: &Memory) -> impl Iterator<Item = &Held> {
+        memory.held.iter().filter(|held| memory.live(held))
+    }
+
     /// Counts, logs and the sorted index agree with each other.
-    fn assert_consistent(memory: &Memory) {
+    fn assert_consistent(memory: &Memory, evicting_touches: usize) {
         assert!(memory
             .held
             .windows(2)
             .all(|pair| pair[0].key() < pair[1].key()));
-        for held in &memory.held {
+        for held in live_entries(memory) {
             let model = memory.model(held.slot);
             let at = held.stamp.wrapping_sub(model.base as u32) as usize;
             assert_eq!(model.log[at], (held.block, false));
@@ -491,13 +549,16 @@ mod tests {
         }
         for (slot, model) in memory.models.iter().enumerate() {
             let Some(model) = model else { continue };
-            let held = memory.held.iter().filter(|h| h.slot == slot as u32).count();
+            let held = live_entries(memory)
+                .filter(|h| h.slot == slot as u32)
+                .count();
             assert_eq!(model.held, held);
             let logged = model.log.iter().filter(|(_, crossed)| !crossed).count();
             assert_eq!(logged, model.held);
             assert_eq!(model.log.len() - logged, model.crossed);
         }
-        assert_eq!(memory.index_entries(), memory.held_blocks());
+        // Besides the held ones, at most the entries the last window with touches pushed out.
+        assert!(memory.index_entries() <= memory.held_blocks() + evicting_touches);
     }
 
     /// The blocks an LRU evicting at every touch would hold, for each replica.
@@ -536,7 +597,9 @@ mod tests {
             });
             let mut oracle = Oracle::default();
             let hash = |block: u64| if spread { block.wrapping_mul(0x9e37_79b9_7f4a_7c15) } else { block };
+            let mut evicting_touches = 0;
             for window in windows {
+                let mut touches = 0;
                 for (replica, blocks) in window {
                     let blocks: Vec<BlockHash> = blocks.into_iter().map(hash).collect();
                     if replica == 20 {
@@ -549,10 +612,14 @@ mod tests {
                     let id = format!("r{replica}");
                     let slot = memory.slot(&id);
                     memory.touch(slot, &blocks);
+                    touches += blocks.len();
                     oracle.touch(&id, &blocks, capacity);
                 }
                 memory.settle();
-                assert_consistent(&memory);
+                if touches > 0 {
+                    evicting_touches = touches;
+                }
+                assert_consistent(&memory, evicting_touches);
                 for (id, &slot) in &memory.slot_of {
                     let mut expected: Vec<BlockHash> = oracle
                         .0
@@ -560,9 +627,7 @@ mod tests {
                         .map(|cache| cache.iter().map(|(&block, _)| block).collect())
                         .unwrap_or_default();
                     expected.sort_unstable();
-                    let held: Vec<BlockHash> = memory
-                        .held
-                        .iter()
+                    let held: Vec<BlockHash> = live_entries(&memory)
                         .filter(|held| held.slot == slot)
                         .map(|held| held.block)
                         .collect();

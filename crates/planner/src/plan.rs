@@ -184,6 +184,8 @@ pub fn assign_with_memory(
         slots: &slots,
         replica_of_slot,
         carried: carried.iter().map(|&load| load.round() as u64).collect(),
+        looked_up: HashMap::default(),
+        found: Vec::new(),
     };
     let plan = plan(batch, replicas, params, Some(recall));
     memory.settle();
@@ -206,19 +208,36 @@ struct Recall<'m> {
     replica_of_slot: Vec<u32>,
     /// Per replica, the load it starts this window with.
     carried: Vec<u64>,
+    /// The candidates holding each block looked up so far, as a range of `found`: the unit
+    /// order and the walk look up the blocks units share once per unit, each a cache miss or
+    /// two in the memory.
+    looked_up: HashMap<BlockHash, (u32, u32), BuildBlockHasher>,
+    found: Vec<u32>,
 }
 
 const NO_REPLICA: u32 = u32::MAX;
 
 impl Recall<'_> {
     /// The candidate replicas whose models hold `block`.
-    fn holders(&self, block: BlockHash) -> impl Iterator<Item = usize> + '_ {
-        self.memory
-            .holders(block)
-            .filter_map(|slot| match self.replica_of_slot[slot as usize] {
-                NO_REPLICA => None,
-                replica => Some(replica as usize),
-            })
+    fn holders(&mut self, block: BlockHash) -> &[u32] {
+        let Recall {
+            memory,
+            replica_of_slot,
+            looked_up,
+            found,
+            ..
+        } = self;
+        let (from, to) = *looked_up.entry(block).or_insert_with(|| {
+            let from = found.len() as u32;
+            found.extend(
+                memory
+                    .holders(block)
+                    .map(|slot| replica_of_slot[slot as usize])
+                    .filter(|&replica| replica != NO_REPLICA),
+            );
+            (from, found.len() as u32)
+        });
+        &found[from as usize..to as usize]
     }
 
     /// Whether some candidate's model holds the first `need` blocks of `blocks`. A holder of
@@ -247,7 +266,7 @@ fn plan(
     batch: &[BatchRequest<'_>],
     replicas: &[Replica<'_>],
     params: &PlanParams,
-    recall: Option<Recall<'_>>,
+    mut recall: Option<Recall<'_>>,
 ) -> Plan {
     let n = params.min_colocate_blocks;
     // With memory the prefix preference applies from one block on (SPEC §7).
@@ -294,7 +313,7 @@ fn plan(
     let carried = recall
         .as_ref()
         .map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
-    let balance = match (&recall, sharers, params.balance_by) {
+    let balance = match (&mut recall, sharers, params.balance_by) {
         (Some(recall), Some(sharers), BalanceBy::Tokens) => {
             most_constrained_first(&mut units, &sharers, recall);
             Balance::EarliestFinish { sharers }
@@ -494,13 +513,13 @@ fn sharers(units: &mut [Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> 
 fn most_constrained_first(
     units: &mut [Unit<'_>],
     sharers: &HashMap<BlockHash, u32, BuildBlockHasher>,
-    recall: &Recall<'_>,
+    recall: &mut Recall<'_>,
 ) {
     units.sort_by_cached_key(|unit| {
         // The remembered prefix: held blocks lead a chain, so the first unheld one ends it.
         let remembered = unit
             .blocks
-            .partition_point(|&block| recall.holders(block).next().is_some());
+            .partition_point(|&block| !recall.holders(block).is_empty());
         let shared_by = match remembered {
             0 => u32::MAX,
             depth => sharers.get(&unit.blocks[depth - 1]).copied().unwrap_or(1),
@@ -877,9 +896,9 @@ impl<'a> Placer<'a> {
                 advanced |= advance(holder as usize, depth);
                 node = next;
             }
-            if let Some(recall) = &self.recall {
-                for holder in recall.holders(*block) {
-                    advanced |= advance(holder, depth);
+            if let Some(recall) = &mut self.recall {
+                for &holder in recall.holders(*block) {
+                    advanced |= advance(holder as usize, depth);
                 }
             }
             if !advanced {

@@ -129,7 +129,9 @@ fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
         for (_, blocks) in memory.replica_blocks() {
             assert!(blocks <= capacity);
         }
-        assert_eq!(memory.index_entries(), memory.held_blocks());
+        // The index keeps, besides the held blocks, at most those this window's 80 touches
+        // (8 pairs of 10 blocks, each pair on one replica) pushed out: the next merge drops them.
+        assert!(memory.index_entries() <= memory.held_blocks() + 80);
     }
     assert_eq!(memory.held_blocks(), capacity * IDS.len());
 }
