@@ -295,7 +295,9 @@ fn plan(
     if replicas.is_empty() {
         return plan;
     }
-    let sharers = recall.as_ref().map(|_| sharers(&mut units));
+    if recall.is_some() {
+        count_sharers(&mut units);
+    }
     // (block, replica) pairs the window can record: each unit on at most ceil(members / k)
     // replicas (with memory, only the prefix it shares: `Placer::place`).
     let k = params.max_per_replica.unwrap_or(usize::MAX);
@@ -303,7 +305,7 @@ fn plan(
         .iter()
         .map(|unit| {
             let recorded = if recall.is_some() {
-                unit.shared
+                unit.shared()
             } else {
                 unit.blocks.len()
             };
@@ -313,10 +315,10 @@ fn plan(
     let carried = recall
         .as_ref()
         .map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
-    let balance = match (&mut recall, sharers, params.balance_by) {
-        (Some(recall), Some(sharers), BalanceBy::Tokens) => {
-            most_constrained_first(&mut units, &sharers, recall);
-            Balance::EarliestFinish { sharers }
+    let balance = match (&mut recall, params.balance_by) {
+        (Some(recall), BalanceBy::Tokens) => {
+            most_constrained_first(&mut units, recall);
+            Balance::EarliestFinish
         }
         _ => Balance::FairShare {
             max_share: max_share(&units, &carried, params),
@@ -381,9 +383,21 @@ struct Unit<'a> {
     kind: UnitKind,
     /// A replica's cache model holds its leading blocks (with memory only).
     remembered: bool,
-    /// Its leading blocks that another unit of the window shares (with memory only; see
-    /// `sharers`).
-    shared: usize,
+    /// With memory, per leading block that other units of the window share, how many units
+    /// share it, themselves included (`count_sharers`): its shared prefix.
+    shared_by: Vec<u32>,
+}
+
+impl Unit<'_> {
+    /// Its leading blocks that another unit of the window shares (with memory only).
+    fn shared(&self) -> usize {
+        self.shared_by.len()
+    }
+
+    /// The units of the window sharing its block at `depth` (1: its own).
+    fn shared_by(&self, depth: usize) -> u32 {
+        self.shared_by.get(depth).copied().unwrap_or(1)
+    }
 }
 
 /// Steps 1-3: group identical block sequences, keep the units, order them. A single that is no
@@ -408,7 +422,7 @@ fn form_units<'a>(
                 members: Vec::new(),
                 kind: UnitKind::Single,
                 remembered: false,
-                shared: 0,
+                shared_by: Vec::new(),
             });
         }
         groups[group].members.push(index);
@@ -464,20 +478,15 @@ enum Balance {
     FairShare { max_share: u64 },
     /// With memory in tokens mode, where load and prefill are both blocks: where the unit
     /// finishes first, pricing the blocks it would prefill again (`Placer::earliest_finish`).
-    EarliestFinish {
-        /// Per block, the units of this window that share it (`sharers`).
-        sharers: HashMap<BlockHash, u32, BuildBlockHasher>,
-    },
+    EarliestFinish,
 }
 
-/// Per block that two or more of the window's units share, how many share it (their chains
-/// agree up to it); a block missing is one unit's own. Sets each unit's `shared` blocks.
-/// Found depth by depth among the units that agreed so far, so a unit costs the blocks it
-/// shares, not all of its blocks.
-fn sharers(units: &mut [Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> {
-    let mut sharers: HashMap<BlockHash, u32, BuildBlockHasher> = HashMap::default();
+/// Sets each unit's `shared_by`: at each depth, how many units' chains agree with its own up
+/// to that block, while two or more do. Found depth by depth among the units that agreed so
+/// far, so a unit costs the blocks it shares, not all of its blocks.
+fn count_sharers(units: &mut [Unit<'_>]) {
     let mut order: Vec<u32> = (0..units.len() as u32).collect();
-    let mut shared = vec![0; units.len()];
+    let mut shared_by: Vec<Vec<u32>> = vec![Vec::new(); units.len()];
     // Runs of `order` whose units agree on their blocks before `depth`: (depth, start, end).
     let mut runs = vec![(0, 0, order.len())];
     while let Some((depth, start, end)) = runs.pop() {
@@ -488,20 +497,19 @@ fn sharers(units: &mut [Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> 
         while from < run.len() {
             let block = block_at(run[from]);
             let to = from + run[from..].partition_point(|&unit| block_at(unit) == block);
-            if let (Some(block), true) = (block, to - from >= 2) {
-                *sharers.entry(block).or_default() += (to - from) as u32;
+            if block.is_some() && to - from >= 2 {
                 runs.push((depth + 1, start + from, start + to));
+                // A unit's runs are found in depth order.
                 for &unit in &run[from..to] {
-                    shared[unit as usize] = depth + 1;
+                    shared_by[unit as usize].push((to - from) as u32);
                 }
             }
             from = to;
         }
     }
-    for (unit, shared) in units.iter_mut().zip(shared) {
-        unit.shared = shared;
+    for (unit, shared_by) in units.iter_mut().zip(shared_by) {
+        unit.shared_by = shared_by;
     }
-    sharers
 }
 
 /// Orders the remembered units by how few units of the window share the prefix the models
@@ -510,19 +518,18 @@ fn sharers(units: &mut [Unit<'_>]) -> HashMap<BlockHash, u32, BuildBlockHasher> 
 /// before the flexible ones fill in around them. Measured with the simulator (BENCHMARKS.md):
 /// with fan-outs placed first, conversations stayed on the replicas around them and the
 /// chat-only windows of `mixed` ran at 1.3-1.4x the mean.
-fn most_constrained_first(
-    units: &mut [Unit<'_>],
-    sharers: &HashMap<BlockHash, u32, BuildBlockHasher>,
-    recall: &mut Recall<'_>,
-) {
+fn most_constrained_first(units: &mut [Unit<'_>], recall: &mut Recall<'_>) {
     units.sort_by_cached_key(|unit| {
-        // The remembered prefix: held blocks lead a chain, so the first unheld one ends it.
+        // The remembered prefix: the first unheld block ends it. From the first block on (not
+        // a binary search): the walk looks up these blocks again, and finds them looked up.
         let remembered = unit
             .blocks
-            .partition_point(|&block| !recall.holders(block).is_empty());
+            .iter()
+            .take_while(|&&block| !recall.holders(block).is_empty())
+            .count();
         let shared_by = match remembered {
             0 => u32::MAX,
-            depth => sharers.get(&unit.blocks[depth - 1]).copied().unwrap_or(1),
+            depth => unit.shared_by(depth - 1),
         };
         (!unit.remembered, shared_by)
     });
@@ -647,7 +654,7 @@ impl<'a> Placer<'a> {
         let k = self.k;
         let members = &unit.members;
         let mut next = 0;
-        let (mut target, mut source) = self.first_replica(unit.blocks);
+        let (mut target, mut source) = self.first_replica(unit);
         // Fill one replica up to k, then spill to the next least-loaded replica under k.
         loop {
             let take = k.min(members.len() - next);
@@ -693,7 +700,7 @@ impl<'a> Placer<'a> {
         // The window's own index needs only the blocks its other units walk: with memory, a
         // unit's blocks past the prefix it shares with another unit go to the memory alone.
         let recorded = match self.recall {
-            Some(_) => &unit.blocks[..unit.shared],
+            Some(_) => &unit.blocks[..unit.shared()],
             None => unit.blocks,
         };
         for i in 0..self.touched.len() {
@@ -738,7 +745,7 @@ impl<'a> Placer<'a> {
     /// The replica a unit starts on, and why: the longest held prefix (at least the
     /// preference's blocks) among replicas under the fair share, else the least-loaded replica
     /// (every replica is under k when a unit starts).
-    fn first_replica(&self, blocks: &[BlockHash]) -> (usize, Source) {
+    fn first_replica(&self, unit: &Unit<'_>) -> (usize, Source) {
         let preferred = match &self.balance {
             Balance::FairShare { max_share } => self.prefer_from.and_then(|need| {
                 let by_match = |&a: &usize, &b: &usize| {
@@ -752,13 +759,14 @@ impl<'a> Placer<'a> {
                     .filter(|&r| self.matches[r] >= need && self.load[r] < *max_share)
                     .max_by(by_match)
             }),
-            Balance::EarliestFinish { sharers } => self.earliest_finish(blocks, sharers),
+            Balance::EarliestFinish => self.earliest_finish(unit),
         };
         match preferred {
             Some(best) => {
                 let need = self.prefer_from.unwrap_or(1);
                 // From memory when this window's placements alone would not have preferred it.
-                let source = if self.recall.is_some() && self.held_prefix(blocks, best) < need {
+                let source = if self.recall.is_some() && self.held_prefix(unit.blocks, best) < need
+                {
                     Source::Memory
                 } else {
                     Source::Window
@@ -780,25 +788,20 @@ impl<'a> Placer<'a> {
     /// moves only to a replica lighter by many times its history, while a system prompt that a
     /// fan-out of many units shares is copied to another replica once the holders run ahead by
     /// about the prompt's own length. Ties go to the longer prefix, then to step 6's order.
-    fn earliest_finish(
-        &self,
-        blocks: &[BlockHash],
-        sharers: &HashMap<BlockHash, u32, BuildBlockHasher>,
-    ) -> Option<usize> {
+    fn earliest_finish(&self, unit: &Unit<'_>) -> Option<usize> {
         let need = self.prefer_from.unwrap_or(1);
         let held = |r: usize| Some(self.matches[r]).filter(|&m| m >= need).unwrap_or(0);
         let longest = self.matched.iter().map(|&r| held(r)).max()?;
         // price_from[i]: the price of blocks i..longest, which a replica holding i lacks.
         let mut price_from = vec![0.0; longest + 1];
         for i in (0..longest).rev() {
-            let shared_by = sharers.get(&blocks[i]).copied().unwrap_or(1).max(1);
             price_from[i] = price_from[i + 1]
                 + COPY_PRICE_PER_BLOCK
-                + SPLIT_PRICE_PER_BLOCK / f64::from(shared_by);
+                + SPLIT_PRICE_PER_BLOCK / f64::from(unit.shared_by(i));
         }
         let finish = |r: usize| {
             let held = held(r);
-            self.load[r] as f64 + (blocks.len() - held) as f64 + price_from[held]
+            self.load[r] as f64 + (unit.blocks.len() - held) as f64 + price_from[held]
         };
         // Ordered by finish, then the longer prefix, then step 6's order.
         let rank = |r: usize| (finish(r), Reverse(held(r)), self.key(r));
