@@ -127,6 +127,29 @@ impl ReplicaModel {
         (self.base as u32, self.log.len() as u32)
     }
 
+    /// Keeps only the log's last `capacity` uses not crossed out (the window's): the model is
+    /// the blocks the window used last, whatever it held before.
+    fn keep_last(&mut self, capacity: usize) {
+        let (mut from, mut kept, mut crossed) = (self.log.len(), 0, 0);
+        while kept < capacity {
+            from -= 1;
+            if self.log[from].1 {
+                crossed += 1;
+            } else {
+                kept += 1;
+            }
+        }
+        self.log.drain(..from);
+        self.base += from as u64;
+        self.crossed = crossed;
+        self.held = capacity;
+    }
+
+    /// A stamp not in the log (as it is now, or later).
+    fn dead_stamp(&self) -> u32 {
+        (self.base as u32).wrapping_sub(1)
+    }
+
     /// Whether `stamp` is in the log: a use not evicted yet.
     fn logs(&self, stamp: u32) -> bool {
         (stamp.wrapping_sub(self.base as u32) as usize) < self.log.len()
@@ -348,6 +371,7 @@ impl Memory {
         if pending == 0 {
             return;
         }
+        let capacity = self.settings.capacity_blocks.get();
         let bits = index_bits(self.held.len() + pending);
         let Memory {
             models,
@@ -388,14 +412,37 @@ impl Memory {
             }
         }
         // In order but within buckets (about one touch each): an insertion sort finishes it in
-        // about one pass, and keeps a replica's touches of a block in use order.
+        // about one pass, and keeps a replica's touches of a block in use order, so each
+        // lands right after the one it supersedes, which is crossed out and dead to the merge.
+        let mut repeats = vec![0; models.len()];
         for at in 1..touches.len() {
             let mut at = at;
             while at > 0 && touches[at].key() < touches[at - 1].key() {
                 touches.swap(at, at - 1);
                 at -= 1;
             }
+            if at > 0 && touches[at].key() == touches[at - 1].key() {
+                let earlier = &mut touches[at - 1];
+                let model = models[earlier.slot as usize].as_mut().expect("a live slot");
+                model.cross_out(earlier.stamp);
+                earlier.stamp = model.dead_stamp();
+                repeats[earlier.slot as usize] += 1;
+            }
         }
+        // A replica whose window used `capacity` distinct blocks or more is settled here from
+        // its log alone: its earlier entries and the touches it pushed out are dead to the
+        // merge, which skips them.
+        let ahead: Vec<bool> = models
+            .iter_mut()
+            .zip(repeats)
+            .map(|(model, repeats)| match model {
+                Some(model) if model.pending - repeats >= capacity => {
+                    model.keep_last(capacity);
+                    true
+                }
+                _ => false,
+            })
+            .collect();
         // One pass over both, choosing each output entry without a branch where it can: which
         // side comes first and whether an earlier entry is still held are a coin toss each.
         let spans: Vec<(u32, u32)> = models
@@ -407,22 +454,11 @@ impl Memory {
             held.stamp.wrapping_sub(base) < len
         };
         let mut added = vec![0usize; models.len()];
-        let mut cross_out = |slot: u32, stamp: u32| {
-            models[slot as usize]
-                .as_mut()
-                .expect("a live slot")
-                .cross_out(stamp)
-        };
         // Every entry is written before it is read: no need to clear it first.
         merged.resize(held.len() + pending, Held::default());
         let (mut next_held, mut next_touch, mut out) = (0, 0, 0);
         while let Some(&touch) = touches.get(next_touch) {
-            if touches
-                .get(next_touch + 1)
-                .is_some_and(|later| later.key() == touch.key())
-            {
-                // Of this window's touches of a block on a replica, the last stays.
-                cross_out(touch.slot, touch.stamp);
+            if !live(&touch) {
                 next_touch += 1;
                 continue;
             }
@@ -435,7 +471,8 @@ impl Memory {
             };
             if earlier.key() == touch.key() {
                 if live(&earlier) {
-                    cross_out(touch.slot, earlier.stamp);
+                    let model = models[touch.slot as usize].as_mut();
+                    model.expect("a live slot").cross_out(earlier.stamp);
                 } else {
                     added[touch.slot as usize] += 1;
                 }
@@ -457,8 +494,8 @@ impl Memory {
             out += live(&earlier) as usize;
         }
         merged.truncate(out);
-        for (model, added) in models.iter_mut().zip(added) {
-            if let Some(model) = model {
+        for ((model, added), ahead) in models.iter_mut().zip(added).zip(ahead) {
+            if let Some(model) = model.as_mut().filter(|_| !ahead) {
                 model.held += added;
             }
         }
