@@ -14,7 +14,7 @@
 //! where it finishes first, paying a price for every block it would prefill again although
 //! another replica holds it (`Balance::EarliestFinish`).
 
-use std::cmp::Reverse;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
@@ -242,14 +242,17 @@ impl Recall<'_> {
 
     /// Whether some candidate's model holds the first `need` blocks of `blocks`. A holder of
     /// block `need - 1` nearly always holds its prefix too, so the first one checked decides.
-    fn holds_leading(&self, blocks: &[BlockHash], need: usize) -> bool {
-        blocks.len() >= need
-            && self.memory.holders(blocks[need - 1]).any(|slot| {
-                self.replica_of_slot[slot as usize] != NO_REPLICA
-                    && blocks[..need - 1]
-                        .iter()
-                        .all(|&block| self.memory.holds(slot, block))
-            })
+    fn holds_leading(&mut self, blocks: &[BlockHash], need: usize) -> bool {
+        if blocks.len() < need {
+            return false;
+        }
+        let holders = self.holders(blocks[need - 1]).to_vec();
+        holders.into_iter().any(|replica| {
+            let slot = self.slots[replica as usize];
+            blocks[..need - 1]
+                .iter()
+                .all(|&block| self.memory.holds(slot, block))
+        })
     }
 
     /// Whether request `request` may use `replica` (step 7).
@@ -279,7 +282,7 @@ fn plan(
     let unit_n = if recall.is_some() { n.max(1) } else { n };
     let mut units = form_units(batch, unit_n, |blocks| {
         recall
-            .as_ref()
+            .as_mut()
             .is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
     });
     let count = |kind| units.iter().filter(|u| u.kind == kind).count();
@@ -405,7 +408,7 @@ impl Unit<'_> {
 fn form_units<'a>(
     batch: &[BatchRequest<'a>],
     min_colocate_blocks: usize,
-    is_warm: impl Fn(&[BlockHash]) -> bool,
+    mut is_warm: impl FnMut(&[BlockHash]) -> bool,
 ) -> Vec<Unit<'a>> {
     let mut group_of: HashMap<Chain<'a>, usize, BuildBlockHasher> =
         HashMap::with_capacity_and_hasher(batch.len(), BuildBlockHasher::default());
@@ -805,14 +808,20 @@ impl<'a> Placer<'a> {
         };
         // Ordered by finish, then the longer prefix, then step 6's order.
         let rank = |r: usize| (finish(r), Reverse(held(r)), self.key(r));
+        // The first of the lowest rank (each ranked once).
+        let mut best: Option<(usize, _)> = None;
+        for &r in self.matched.iter().filter(|&&r| held(r) > 0) {
+            let rank_r = rank(r);
+            let lower = |(_, best_rank): &(usize, _)| {
+                rank_r.partial_cmp(best_rank).expect("finite") == Ordering::Less
+            };
+            if best.as_ref().is_none_or(lower) {
+                best = Some((r, rank_r));
+            }
+        }
+        let (best, best_rank) = best?;
         let coldest = self.least_loaded().expect("at least one replica");
-        let best = self
-            .matched
-            .iter()
-            .copied()
-            .filter(|&r| held(r) > 0)
-            .min_by(|&a, &b| rank(a).partial_cmp(&rank(b)).expect("finite"))?;
-        (rank(best) <= rank(coldest)).then_some(best)
+        (best_rank <= rank(coldest)).then_some(best)
     }
 
     /// Places `members` (of one unit) on `replica`.
