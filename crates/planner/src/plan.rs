@@ -489,7 +489,9 @@ enum Balance {
 /// far, so a unit costs the blocks it shares, not all of its blocks.
 fn count_sharers(units: &mut [Unit<'_>]) {
     let mut order: Vec<u32> = (0..units.len() as u32).collect();
-    let mut shared_by: Vec<Vec<u32>> = vec![Vec::new(); units.len()];
+    // (unit, sharers) at each depth a unit shares, each unit's in depth order.
+    let mut found: Vec<(u32, u32)> = Vec::new();
+    let mut shared = vec![0; units.len()];
     // Runs of `order` whose units agree on their blocks before `depth`: (depth, start, end).
     let mut runs = vec![(0, 0, order.len())];
     while let Some((depth, start, end)) = runs.pop() {
@@ -504,14 +506,19 @@ fn count_sharers(units: &mut [Unit<'_>]) {
                 runs.push((depth + 1, start + from, start + to));
                 // A unit's runs are found in depth order.
                 for &unit in &run[from..to] {
-                    shared_by[unit as usize].push((to - from) as u32);
+                    found.push((unit, (to - from) as u32));
+                    shared[unit as usize] += 1;
                 }
             }
             from = to;
         }
     }
-    for (unit, shared_by) in units.iter_mut().zip(shared_by) {
-        unit.shared_by = shared_by;
+    // One allocation per unit, not one per doubling.
+    for (unit, shared) in units.iter_mut().zip(shared) {
+        unit.shared_by = Vec::with_capacity(shared);
+    }
+    for (unit, sharers) in found {
+        units[unit as usize].shared_by.push(sharers);
     }
 }
 
