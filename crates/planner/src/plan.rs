@@ -571,8 +571,8 @@ struct Placer<'a> {
     full: Vec<usize>,
     /// Placing members beyond k x replicas: every replica stays a candidate.
     overflowing: bool,
-    /// Every (block, replica) recorded in this window (when looked up: without the preference,
-    /// or with memory).
+    /// Every (block, replica) recorded in this window, when not walked (without the
+    /// preference).
     held: HashSet<(BlockHash, u32), BuildBlockHasher>,
     /// The replicas this window placed each block on (kept when the preference walks them; with
     /// memory, only the blocks another unit of the window shares).
@@ -636,7 +636,7 @@ impl<'a> Placer<'a> {
             full: Vec::new(),
             overflowing: false,
             held: HashSet::with_capacity_and_hasher(
-                if prefer_from.is_none() || recall.is_some() {
+                if prefer_from.is_none() {
                     total_blocks
                 } else {
                     0
@@ -731,13 +731,9 @@ impl<'a> Placer<'a> {
                 self.held.insert((block, r));
                 continue;
             }
-            // Walked, not looked up: the set is only needed with memory (for `held_prefix`).
-            // Without it a replica may appear twice on a list (a later prompt's chain held
-            // without the earlier one), which the walk's marker ignores; the same replica
-            // twice in a row is skipped here.
-            if self.recall.is_some() && !self.held.insert((block, r)) {
-                continue;
-            }
+            // Walked, not looked up: a replica may appear twice on a list (a later prompt's
+            // chain held without the earlier one), which the walk's marker ignores; the same
+            // replica twice in a row is skipped here.
             let node = self.holder_nodes.len() as u32;
             let head = self.holders.get(&block).copied().unwrap_or(NO_NODE);
             if self
@@ -775,7 +771,7 @@ impl<'a> Placer<'a> {
             Some(best) => {
                 let need = self.prefer_from.unwrap_or(1);
                 // From memory when this window's placements alone would not have preferred it.
-                let source = if self.recall.is_some() && self.held_prefix(unit.blocks, best) < need
+                let source = if self.recall.is_some() && !self.window_holds(unit.blocks, best, need)
                 {
                     Source::Memory
                 } else {
@@ -882,7 +878,24 @@ impl<'a> Placer<'a> {
         self.full.clear();
     }
 
-    /// Leading blocks of `blocks` that this window placed on `replica`.
+    /// Whether this window placed the first `need` blocks of `blocks` on `replica` (walked:
+    /// their holder lists are short).
+    fn window_holds(&self, blocks: &[BlockHash], replica: usize, need: usize) -> bool {
+        let r = replica as u32;
+        blocks.len() >= need
+            && blocks[..need].iter().all(|block| {
+                let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
+                while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
+                    if holder == r {
+                        return true;
+                    }
+                    node = next;
+                }
+                false
+            })
+    }
+
+    /// Leading blocks of `blocks` that this window placed on `replica` (not walked).
     fn held_prefix(&self, blocks: &[BlockHash], replica: usize) -> usize {
         let r = replica as u32;
         blocks
