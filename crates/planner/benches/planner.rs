@@ -4,6 +4,8 @@
 
 #[path = "../tests/reference/mod.rs"]
 mod reference;
+#[path = "windows/mod.rs"]
+mod windows;
 
 use burst_prefix_planner::{
     assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
@@ -16,26 +18,8 @@ use reference::reference_assign;
 use std::hint::black_box;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
+use windows::{replica_list, tokens, whole_batch, window_seeded, GROUP_SIZE, PROMPT_TOKENS};
 use xxhash_rust::xxh64::xxh64;
-
-const PROMPT_TOKENS: usize = 4096;
-const GROUP_SIZE: usize = 8;
-/// Groups per family; a family shares its first quarter (1,024 tokens), like a system prompt.
-const FAMILY_SIZE: usize = 4;
-
-/// A deterministic pseudo-random token stream (splitmix64), so the bench needs no RNG crate.
-fn tokens(seed: u64, count: usize) -> Vec<u32> {
-    let mut state = seed;
-    (0..count)
-        .map(|_| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            ((z ^ (z >> 31)) % 128_000) as u32
-        })
-        .collect()
-}
 
 fn hashing(c: &mut Criterion) {
     let prompt = tokens(1, PROMPT_TOKENS);
@@ -69,27 +53,6 @@ fn hashing(c: &mut Criterion) {
 /// `requests` requests in groups of 8, four groups per family sharing 16 of their 64 blocks.
 fn window(requests: usize) -> Vec<Vec<BlockHash>> {
     window_seeded(requests, 0)
-}
-
-/// The same shape; another `seed` gives other prompts on the same families' shared blocks.
-fn window_seeded(requests: usize, seed: u64) -> Vec<Vec<BlockHash>> {
-    let spec = BlockSpec::new(64, 0);
-    let groups = requests.div_ceil(GROUP_SIZE);
-    let distinct: Vec<Vec<BlockHash>> = (0..groups)
-        .map(|g| {
-            let family = (g / FAMILY_SIZE) as u64;
-            let mut prompt = tokens(family, PROMPT_TOKENS / 4);
-            prompt.extend(tokens(
-                1_000_000 + seed * 100_000 + g as u64,
-                PROMPT_TOKENS * 3 / 4,
-            ));
-            hash_prompts("model", "", &[Prompt::Tokens(&prompt)], spec).concat()
-        })
-        .collect();
-    // Samples of one prompt arrive interleaved with the others, as a rollout driver sends them.
-    (0..requests)
-        .map(|i| distinct[i % groups].clone())
-        .collect()
 }
 
 fn planning(c: &mut Criterion) {
@@ -162,25 +125,6 @@ fn rl_step(prompts: usize, samples: usize) -> Vec<Vec<BlockHash>> {
 fn replica_ids(count: usize) -> Vec<String> {
     (0..count)
         .map(|i| format!("ns/pod-{i:05}-rank-0"))
-        .collect()
-}
-
-fn replica_list(ids: &[String]) -> Vec<Replica<'_>> {
-    ids.iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect()
-}
-
-fn whole_batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
-    prompts
-        .iter()
-        .map(|blocks| BatchRequest {
-            blocks,
-            allowed_replicas: None,
-        })
         .collect()
 }
 

@@ -1,0 +1,63 @@
+//! The windows the planner's benches plan: requests in groups of 8 samples of one prompt, four
+//! groups per family sharing the first quarter of their prompt (64 blocks of 64 tokens each).
+
+use burst_prefix_planner::{hash_prompts, BatchRequest, BlockHash, BlockSpec, Prompt, Replica};
+
+pub const PROMPT_TOKENS: usize = 4096;
+pub const GROUP_SIZE: usize = 8;
+/// Groups per family; a family shares its first quarter (1,024 tokens), like a system prompt.
+pub const FAMILY_SIZE: usize = 4;
+
+/// A deterministic pseudo-random token stream (splitmix64), so the bench needs no RNG crate.
+pub fn tokens(seed: u64, count: usize) -> Vec<u32> {
+    let mut state = seed;
+    (0..count)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % 128_000) as u32
+        })
+        .collect()
+}
+
+/// The same shape; another `seed` gives other prompts on the same families' shared blocks.
+pub fn window_seeded(requests: usize, seed: u64) -> Vec<Vec<BlockHash>> {
+    let spec = BlockSpec::new(64, 0);
+    let groups = requests.div_ceil(GROUP_SIZE);
+    let distinct: Vec<Vec<BlockHash>> = (0..groups)
+        .map(|g| {
+            let family = (g / FAMILY_SIZE) as u64;
+            let mut prompt = tokens(family, PROMPT_TOKENS / 4);
+            prompt.extend(tokens(
+                1_000_000 + seed * 100_000 + g as u64,
+                PROMPT_TOKENS * 3 / 4,
+            ));
+            hash_prompts("model", "", &[Prompt::Tokens(&prompt)], spec).concat()
+        })
+        .collect();
+    // Samples of one prompt arrive interleaved with the others, as a rollout driver sends them.
+    (0..requests)
+        .map(|i| distinct[i % groups].clone())
+        .collect()
+}
+
+pub fn replica_list(ids: &[String]) -> Vec<Replica<'_>> {
+    ids.iter()
+        .map(|id| Replica {
+            id,
+            running_requests: 0,
+        })
+        .collect()
+}
+
+pub fn whole_batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
+    prompts
+        .iter()
+        .map(|blocks| BatchRequest {
+            blocks,
+            allowed_replicas: None,
+        })
+        .collect()
+}
