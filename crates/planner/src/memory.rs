@@ -7,7 +7,8 @@
 //! block-level prefix cache evicts). A request's blocks are touched last block first: its prefix
 //! becomes the most recently used, so a prefix outlives its suffixes (vLLM frees a finished
 //! request's blocks tail first) and a held block keeps implying its chain's prefix. Memory is
-//! bounded by capacity x replicas, never by traffic.
+//! bounded by capacity x replicas, never by traffic (the index also keeps, until the next
+//! window's merge, the entries the last window pushed out).
 //!
 //! The layout serves the planner, which touches tens of thousands of blocks per window, most of
 //! them new, and evicts as many; one at a time, in a hash table, each is a cache miss, and they
@@ -16,14 +17,18 @@
 //! - the held (block, replica) pairs are one array sorted by block, with a radix index on the
 //!   blocks' leading bits (block hashes are uniform), so a lookup reads two places;
 //! - per replica, a log of its touches in use order (the entry of a stamp at `stamp - base`);
-//!   during a window a touch only appends to its replica's log;
-//! - [`Memory::settle`] sorts the window's touches and merges them into the array (crossing out
-//!   in the logs the earlier touches they supersede), pops each log's front (least recent use
-//!   first) past crossed-out entries while its replica holds more than its capacity, and drops
-//!   the popped entries from the array in one pass (an entry is held while its stamp is in its
-//!   replica's log). An LRU holds the `capacity` most recently used distinct blocks whatever
-//!   the order of its evictions, so evicting once per window holds what evicting at every touch
-//!   would (the tests check it against such an LRU).
+//!   an entry of the array is held while its stamp is in its replica's log;
+//! - during a window a touch only appends to its replica's log;
+//! - `Memory::settle` sorts the window's touches (one count and one scatter by leading bits,
+//!   then an insertion pass), crossing out a replica's earlier touches of a block the window
+//!   touched again; settles the replicas whose window used their capacity in distinct blocks
+//!   from their logs alone (they hold those blocks, whatever they held before); merges the
+//!   touches into the array, crossing out the earlier uses they supersede and dropping the
+//!   entries no longer held; then pops each other log's front (least recent use first) past
+//!   crossed-out entries while its replica holds more than its capacity. An LRU holds the
+//!   `capacity` most recently used distinct blocks whatever the order of its evictions, so
+//!   evicting once per window holds what evicting at every touch would (the tests check it
+//!   against such an LRU).
 //!
 //! Planning reads the model as the window found it; the window's own placements are the
 //! planner's to index.
