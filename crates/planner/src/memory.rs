@@ -127,9 +127,12 @@ impl ReplicaModel {
         self.log.range(self.log.len() - self.pending..)
     }
 
-    /// The stamps in the log: from the first, how many (as `logs` compares them).
-    fn span(&self) -> (u32, u32) {
-        (self.base as u32, self.log.len() as u32)
+    /// The stamps in the log.
+    fn span(&self) -> Span {
+        Span {
+            base: self.base as u32,
+            len: self.log.len() as u32,
+        }
     }
 
     /// Keeps only the log's last `capacity` uses not crossed out (the window's): the model is
@@ -146,6 +149,7 @@ impl ReplicaModel {
         }
         self.log.drain(..from);
         self.base += from as u64;
+        self.pending = self.log.len();
         self.crossed = crossed;
         self.held = capacity;
     }
@@ -157,13 +161,26 @@ impl ReplicaModel {
 
     /// Whether `stamp` is in the log: a use not evicted yet.
     fn logs(&self, stamp: u32) -> bool {
-        (stamp.wrapping_sub(self.base as u32) as usize) < self.log.len()
+        self.span().holds(stamp)
     }
 
     fn cross_out(&mut self, stamp: u32) {
         let at = stamp.wrapping_sub(self.base as u32) as usize;
         self.log[at].1 = true;
         self.crossed += 1;
+    }
+}
+
+/// The stamps a log holds: `len` of them from `base` (low 32 bits, compared wrapping).
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    base: u32,
+    len: u32,
+}
+
+impl Span {
+    fn holds(self, stamp: u32) -> bool {
+        stamp.wrapping_sub(self.base) < self.len
     }
 }
 
@@ -450,14 +467,11 @@ impl Memory {
             .collect();
         // One pass over both, choosing each output entry without a branch where it can: which
         // side comes first and whether an earlier entry is still held are a coin toss each.
-        let spans: Vec<(u32, u32)> = models
+        let spans: Vec<Span> = models
             .iter()
-            .map(|model| model.as_ref().map_or((0, 0), ReplicaModel::span))
+            .map(|model| model.as_ref().map_or(Span::default(), ReplicaModel::span))
             .collect();
-        let live = |held: &Held| {
-            let (base, len) = spans[held.slot as usize];
-            held.stamp.wrapping_sub(base) < len
-        };
+        let live = |held: &Held| spans[held.slot as usize].holds(held.stamp);
         let mut added = vec![0usize; models.len()];
         // Every entry is written before it is read: no need to clear it first.
         merged.resize(held.len() + pending, Held::default());

@@ -208,8 +208,9 @@ struct Recall<'m> {
     replica_of_slot: Vec<u32>,
     /// Per replica, the load it starts this window with.
     carried: Vec<u64>,
-    /// The candidates holding each block looked up so far, as a range of `found`: the unit
-    /// order and the walk look up the blocks units share once per unit, each a cache miss or
+    /// The candidates holding each block looked up so far, as a range of `found` (the models
+    /// do not change during the window): the warm-single check, the unit order and the walk
+    /// would otherwise look up a shared prefix again for every unit, each lookup a cache miss or
     /// two in the memory.
     looked_up: HashMap<BlockHash, (u32, u32), BuildBlockHasher>,
     found: Vec<u32>,
