@@ -410,14 +410,12 @@ impl Memory {
         // scatter, straight from the logs.
         buckets.clear();
         buckets.resize((1 << bits) + 1, 0);
-        for model in models.iter().flatten() {
-            for &(block, _) in model.pending_touches() {
-                buckets[leading_bits(block, bits) + 1] += 1;
-            }
-        }
-        for at in 1..buckets.len() {
-            buckets[at] += buckets[at - 1];
-        }
+        let pending_buckets = models
+            .iter()
+            .flatten()
+            .flat_map(ReplicaModel::pending_touches)
+            .map(|&(block, _)| leading_bits(block, bits));
+        bucket_starts(pending_buckets, buckets);
         touches.clear();
         touches.resize(pending, Held::default());
         for (slot, model) in models.iter().enumerate() {
@@ -549,9 +547,8 @@ impl Memory {
         self.index_bits = bits;
         self.starts.clear();
         self.starts.resize((1 << bits) + 1, 0);
-        bucket_starts(&self.held, &mut self.starts, |held| {
-            leading_bits(held.block, bits)
-        });
+        let buckets = self.held.iter().map(|held| leading_bits(held.block, bits));
+        bucket_starts(buckets, &mut self.starts);
     }
 
     fn model(&self, slot: u32) -> &ReplicaModel {
@@ -569,11 +566,11 @@ fn leading_bits(block: BlockHash, bits: u32) -> usize {
     block.checked_shr(64 - bits).unwrap_or(0) as usize
 }
 
-/// Where each bucket of `entries` starts once they are ordered by bucket: `starts[b]`, with
-/// `starts` one longer than the buckets and zeroed.
-fn bucket_starts(entries: &[Held], starts: &mut [u32], bucket: impl Fn(&Held) -> usize) {
-    for entry in entries {
-        starts[bucket(entry) + 1] += 1;
+/// Where each bucket starts once entries in these `buckets` are ordered by bucket:
+/// `starts[b]`, with `starts` one longer than the buckets and zeroed.
+fn bucket_starts(buckets: impl Iterator<Item = usize>, starts: &mut [u32]) {
+    for bucket in buckets {
+        starts[bucket + 1] += 1;
     }
     for at in 1..starts.len() {
         starts[at] += starts[at - 1];
