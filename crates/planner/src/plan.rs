@@ -885,14 +885,7 @@ impl<'a> Placer<'a> {
         let r = replica as u32;
         blocks.len() >= need
             && blocks[..need].iter().all(|block| {
-                let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
-                while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
-                    if holder == r {
-                        return true;
-                    }
-                    node = next;
-                }
-                false
+                window_holders(&self.holders, &self.holder_nodes, block).any(|h| h == r)
             })
     }
 
@@ -924,10 +917,8 @@ impl<'a> Placer<'a> {
         };
         for (depth, block) in blocks.iter().enumerate() {
             let mut advanced = false;
-            let mut node = self.holders.get(block).copied().unwrap_or(NO_NODE);
-            while let Some(&(holder, next)) = self.holder_nodes.get(node as usize) {
+            for holder in window_holders(&self.holders, &self.holder_nodes, block) {
                 advanced |= advance(holder as usize, depth);
-                node = next;
             }
             if let Some(recall) = &mut self.recall {
                 for &holder in recall.holders(*block) {
@@ -973,6 +964,21 @@ impl<'a> Placer<'a> {
             .first()
             .map(|&(_, rank)| self.by_order[rank as usize] as usize)
     }
+}
+
+/// The replicas the window placed `block` on: its list in `Placer::holder_nodes`, from its head
+/// in `Placer::holders`.
+fn window_holders<'a>(
+    heads: &'a HashMap<BlockHash, u32, BuildBlockHasher>,
+    nodes: &'a [(u32, u32)],
+    block: &BlockHash,
+) -> impl Iterator<Item = u32> + 'a {
+    let mut node = heads.get(block).copied().unwrap_or(NO_NODE);
+    std::iter::from_fn(move || {
+        let &(holder, next) = nodes.get(node as usize)?;
+        node = next;
+        Some(holder)
+    })
 }
 
 /// `Placer::earliest_finish`'s price, in blocks of load, of prefilling a block again that another
