@@ -11,37 +11,25 @@
 mod windows;
 
 use std::hint::black_box;
-use std::num::NonZeroUsize;
 use std::time::Instant;
 
-use burst_prefix_planner::{
-    assign, assign_with_memory, BalanceBy, BatchRequest, Memory, MemorySettings, PlanParams,
-};
-use windows::{replica_list, whole_batch, window_seeded, GROUP_SIZE};
+use burst_prefix_planner::{assign, assign_with_memory, BalanceBy, BatchRequest};
+use windows::{memory_stream, memory_stream_params, replica_list, steady_memory, whole_batch};
 
 /// Windows timed per planner and way of timing.
 const WINDOWS: usize = 160;
 
 fn main() {
-    let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
+    let (ids, windows) = memory_stream();
     let replicas = replica_list(&ids);
-    let windows: Vec<_> = (0..8).map(|seed| window_seeded(10_000, seed)).collect();
     let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
     println!("{WINDOWS} windows each; medians in ms; ratio = median of the windows' with/without");
     for (mode, balance_by) in [
         ("requests", BalanceBy::Requests),
         ("tokens", BalanceBy::Tokens),
     ] {
-        let params = PlanParams {
-            max_per_replica: Some(GROUP_SIZE),
-            min_colocate_blocks: 0,
-            balance_by,
-        };
-        let mut memory = Memory::new(MemorySettings {
-            capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
-            load_half_life_ms: 1_000,
-        });
-        let mut now_ms = 0;
+        let params = memory_stream_params(balance_by);
+        let (mut memory, mut now_ms) = steady_memory(&batches, &replicas, &params);
         let mut with = |batch: &[BatchRequest<'_>]| {
             now_ms += 100;
             let start = Instant::now();
@@ -59,9 +47,6 @@ fn main() {
             black_box(assign(black_box(batch), &replicas, &params));
             start.elapsed().as_secs_f64() * 1e3
         };
-        for batch in &batches {
-            with(batch);
-        }
         // Interleaved: each window by one planner, then by the other.
         let pairs: Vec<(f64, f64)> = (0..WINDOWS)
             .map(|i| {

@@ -9,16 +9,18 @@ mod windows;
 
 use burst_prefix_planner::{
     assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
-    Memory, MemorySettings, PlanParams, Prompt, Replica,
+    Memory, PlanParams, Prompt, Replica,
 };
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use reference::reference_assign;
 use std::hint::black_box;
-use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
-use windows::{replica_list, tokens, whole_batch, window_seeded, GROUP_SIZE, PROMPT_TOKENS};
+use windows::{
+    memory_stream, memory_stream_params, replica_list, steady_memory, tokens, whole_batch,
+    window_seeded, GROUP_SIZE, PROMPT_TOKENS,
+};
 use xxhash_rust::xxh64::xxh64;
 
 fn hashing(c: &mut Criterion) {
@@ -194,10 +196,8 @@ fn scaling(c: &mut Criterion) {
 /// window right after a window of the other planner, untimed, as when planning shares the
 /// caches with other work.
 fn planning_with_memory(c: &mut Criterion) {
-    let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
+    let (ids, windows) = memory_stream();
     let replicas = replica_list(&ids);
-    let windows: Vec<Vec<Vec<BlockHash>>> =
-        (0..8).map(|seed| window_seeded(10_000, seed)).collect();
     let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
     let mut group = c.benchmark_group("plan_window_memory_10000");
     group.throughput(Throughput::Elements(10_000));
@@ -205,20 +205,8 @@ fn planning_with_memory(c: &mut Criterion) {
         ("requests", BalanceBy::Requests),
         ("tokens", BalanceBy::Tokens),
     ] {
-        let params = PlanParams {
-            max_per_replica: Some(GROUP_SIZE),
-            min_colocate_blocks: 0,
-            balance_by,
-        };
-        let mut memory = Memory::new(MemorySettings {
-            capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
-            load_half_life_ms: 1_000,
-        });
-        let mut now_ms = 0;
-        for batch in &batches {
-            now_ms += 100;
-            assign_with_memory(batch, &replicas, &params, &mut memory, now_ms);
-        }
+        let params = memory_stream_params(balance_by);
+        let (mut memory, mut now_ms) = steady_memory(&batches, &replicas, &params);
         let mut next = 0;
         let mut next_window = || {
             next += 1;

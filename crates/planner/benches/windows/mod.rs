@@ -1,7 +1,12 @@
 //! The windows the planner's benches plan: requests in groups of 8 samples of one prompt, four
 //! groups per family sharing the first quarter of their prompt (64 blocks of 64 tokens each).
 
-use burst_prefix_planner::{hash_prompts, BatchRequest, BlockHash, BlockSpec, Prompt, Replica};
+use std::num::NonZeroUsize;
+
+use burst_prefix_planner::{
+    assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, Memory,
+    MemorySettings, PlanParams, Prompt, Replica,
+};
 
 pub const PROMPT_TOKENS: usize = 4096;
 pub const GROUP_SIZE: usize = 8;
@@ -60,4 +65,40 @@ pub fn whole_batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
             allowed_replicas: None,
         })
         .collect()
+}
+
+/// The stream the memory benches plan: eight 10,000-request windows in turn, each on the same
+/// families with other prompts, on 16 replicas.
+pub fn memory_stream() -> (Vec<String>, Vec<Vec<Vec<BlockHash>>>) {
+    let ids = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
+    let windows = (0..8).map(|seed| window_seeded(10_000, seed)).collect();
+    (ids, windows)
+}
+
+/// The memory benches' placement knobs: k = 8, N = 0.
+pub fn memory_stream_params(balance_by: BalanceBy) -> PlanParams {
+    PlanParams {
+        max_per_replica: Some(GROUP_SIZE),
+        min_colocate_blocks: 0,
+        balance_by,
+    }
+}
+
+/// A memory at the default capacity (4,096 blocks per replica) at its steady size: it planned
+/// each of `batches` once, 100 ms apart. With the clock of its last window.
+pub fn steady_memory(
+    batches: &[Vec<BatchRequest<'_>>],
+    replicas: &[Replica<'_>],
+    params: &PlanParams,
+) -> (Memory, u64) {
+    let mut memory = Memory::new(MemorySettings {
+        capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
+        load_half_life_ms: 1_000,
+    });
+    let mut now_ms = 0;
+    for batch in batches {
+        now_ms += 100;
+        assign_with_memory(batch, replicas, params, &mut memory, now_ms);
+    }
+    (memory, now_ms)
 }
