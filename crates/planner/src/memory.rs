@@ -634,7 +634,8 @@ mod tests {
         /// Random windows of touches on up to 20 replicas (some blocks held by many), as small
         /// numbers or as hashes spread over the index, departures among them: after each window
         /// the model holds exactly what per-touch LRUs hold, and its counts, logs and index
-        /// stay consistent.
+        /// stay consistent. Drawn from few distinct blocks too, so that replicas use their
+        /// blocks again and again and their logs are compacted.
         #[test]
         fn settling_once_per_window_holds_what_an_lru_holds(
             windows in prop::collection::vec(
@@ -642,6 +643,7 @@ mod tests {
                 1..12,
             ),
             capacity in 1usize..12,
+            distinct in 1u64..40,
             spread in any::<bool>(),
         ) {
             let mut memory = Memory::new(MemorySettings {
@@ -649,7 +651,10 @@ mod tests {
                 load_half_life_ms: 0,
             });
             let mut oracle = Oracle::default();
-            let hash = |block: u64| if spread { block.wrapping_mul(0x9e37_79b9_7f4a_7c15) } else { block };
+            let hash = |block: u64| {
+                let block = block % distinct;
+                if spread { block.wrapping_mul(0x9e37_79b9_7f4a_7c15) } else { block }
+            };
             let mut evicting_touches = 0;
             for window in windows {
                 let mut touches = 0;
