@@ -5,6 +5,10 @@
 //! the windows' own ratios. Same stream as the criterion bench: 10,000-request windows, eight in
 //! turn on one memory at its steady size, 16 replicas, k = 8, N = 0, default capacity.
 //!
+//! With memory, two times per window: to the plan (what the window's requests wait for: the
+//! producer answers them before it merges the window into the memory), and with the merge
+//! (`Memory::settle`: the planner's CPU per window).
+//!
 //! Run: `cargo bench -p burst-prefix-planner --bench memory_pairs` (see BENCHMARKS.md).
 
 #[path = "windows/mod.rs"]
@@ -14,6 +18,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use burst_prefix_planner::{assign, assign_with_memory, BalanceBy, BatchRequest};
+
+/// Milliseconds, per window: without memory, and with memory to the plan and with the merge.
+type Times = (f64, (f64, f64));
 use windows::{memory_stream, memory_stream_params, replica_list, steady_memory, whole_batch};
 
 /// Windows timed per planner and way of timing.
@@ -40,7 +47,9 @@ fn main() {
                 &mut memory,
                 now_ms,
             ));
-            start.elapsed().as_secs_f64() * 1e3
+            let planned = start.elapsed().as_secs_f64() * 1e3;
+            memory.settle();
+            (planned, start.elapsed().as_secs_f64() * 1e3)
         };
         let without = |batch: &[BatchRequest<'_>]| {
             let start = Instant::now();
@@ -48,7 +57,7 @@ fn main() {
             start.elapsed().as_secs_f64() * 1e3
         };
         // Interleaved: each window by one planner, then by the other.
-        let pairs: Vec<(f64, f64)> = (0..WINDOWS)
+        let pairs: Vec<Times> = (0..WINDOWS)
             .map(|i| {
                 let batch = &batches[i % batches.len()];
                 let base = without(batch);
@@ -60,20 +69,25 @@ fn main() {
         let mut pairs = Vec::new();
         for _ in 0..WINDOWS / batches.len() {
             let base: Vec<f64> = batches.iter().map(|batch| without(batch)).collect();
-            let mem: Vec<f64> = batches.iter().map(|batch| with(batch)).collect();
+            let mem: Vec<(f64, f64)> = batches.iter().map(|batch| with(batch)).collect();
             pairs.extend(base.into_iter().zip(mem));
         }
         report(mode, "back to back", &pairs);
     }
 }
 
-fn report(mode: &str, way: &str, pairs: &[(f64, f64)]) {
+fn report(mode: &str, way: &str, times: &[Times]) {
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
     };
-    let base = median(pairs.iter().map(|p| p.0).collect());
-    let mem = median(pairs.iter().map(|p| p.1).collect());
-    let ratio = median(pairs.iter().map(|p| p.1 / p.0).collect());
-    println!("{mode:8} {way:12}  assign {base:6.3}  with memory {mem:6.3}  ratio {ratio:.2}x");
+    let base = median(times.iter().map(|t| t.0).collect());
+    let [planned, settled] = [|t: &Times| t.1 .0, |t: &Times| t.1 .1].map(|with| {
+        let mem = median(times.iter().map(with).collect());
+        let ratio = median(times.iter().map(|t| with(t) / t.0).collect());
+        format!("{mem:6.3} ({ratio:.2}x)")
+    });
+    println!(
+        "{mode:8} {way:12}  assign {base:6.3}  with memory: to the plan {planned}, with the merge {settled}"
+    );
 }

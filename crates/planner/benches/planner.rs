@@ -191,6 +191,10 @@ fn scaling(c: &mut Criterion) {
 /// capacity, 4,096 blocks each), so the memory evicts as many. The memory is at its steady size
 /// (it planned all eight windows once before), and both planners see the same windows.
 ///
+/// With memory, timed to the plan (`assign_with_memory`: what the window's requests wait for;
+/// the producer answers them, then merges the window into the memory) and with the merge
+/// (`.._and_merge`: `Memory::settle` too, the planner's CPU per window).
+///
 /// Measured two ways: each planner in a loop of its own (`back_to_back`: the memoryless one
 /// then finds its few megabytes in cache from its last window), and `interleaved`: each timed
 /// window right after a window of the other planner, untimed, as when planning shares the
@@ -214,24 +218,48 @@ fn planning_with_memory(c: &mut Criterion) {
             (&batches[next % batches.len()], now_ms)
         };
         let without = |batch: &[BatchRequest<'_>]| assign(black_box(batch), &replicas, &params);
-        let with = |batch: &[BatchRequest<'_>], memory: &mut Memory, now_ms| {
-            assign_with_memory(black_box(batch), &replicas, &params, memory, now_ms)
+        // A window with memory, timed to the plan or with the merge; merged either way.
+        let with = |batch: &[BatchRequest<'_>], memory: &mut Memory, now_ms, merge_timed| {
+            let start = Instant::now();
+            black_box(assign_with_memory(
+                black_box(batch),
+                &replicas,
+                &params,
+                memory,
+                now_ms,
+            ));
+            let planned = start.elapsed();
+            memory.settle();
+            if merge_timed {
+                start.elapsed()
+            } else {
+                planned
+            }
         };
         group.bench_function(format!("back_to_back/assign_baseline_{mode}"), |b| {
             b.iter(|| without(next_window().0))
         });
-        group.bench_function(format!("back_to_back/assign_with_memory_{mode}"), |b| {
-            b.iter(|| {
-                let (batch, now_ms) = next_window();
-                with(batch, &mut memory, now_ms)
-            })
-        });
+        for (name, merge_timed) in [
+            ("assign_with_memory", false),
+            ("assign_with_memory_and_merge", true),
+        ] {
+            group.bench_function(format!("back_to_back/{name}_{mode}"), |b| {
+                b.iter_custom(|windows| {
+                    (0..windows)
+                        .map(|_| {
+                            let (batch, now_ms) = next_window();
+                            with(batch, &mut memory, now_ms, merge_timed)
+                        })
+                        .sum()
+                })
+            });
+        }
         group.bench_function(format!("interleaved/assign_baseline_{mode}"), |b| {
             b.iter_custom(|windows| {
                 let mut timed = Duration::ZERO;
                 for _ in 0..windows {
                     let (batch, now_ms) = next_window();
-                    black_box(with(batch, &mut memory, now_ms));
+                    with(batch, &mut memory, now_ms, true);
                     let start = Instant::now();
                     black_box(without(batch));
                     timed += start.elapsed();
@@ -239,19 +267,22 @@ fn planning_with_memory(c: &mut Criterion) {
                 timed
             })
         });
-        group.bench_function(format!("interleaved/assign_with_memory_{mode}"), |b| {
-            b.iter_custom(|windows| {
-                let mut timed = Duration::ZERO;
-                for _ in 0..windows {
-                    let (batch, now_ms) = next_window();
-                    black_box(without(batch));
-                    let start = Instant::now();
-                    black_box(with(batch, &mut memory, now_ms));
-                    timed += start.elapsed();
-                }
-                timed
-            })
-        });
+        for (name, merge_timed) in [
+            ("assign_with_memory", false),
+            ("assign_with_memory_and_merge", true),
+        ] {
+            group.bench_function(format!("interleaved/{name}_{mode}"), |b| {
+                b.iter_custom(|windows| {
+                    (0..windows)
+                        .map(|_| {
+                            let (batch, now_ms) = next_window();
+                            black_box(without(batch));
+                            with(batch, &mut memory, now_ms, merge_timed)
+                        })
+                        .sum()
+                })
+            });
+        }
     }
     group.finish();
 }

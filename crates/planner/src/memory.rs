@@ -202,7 +202,8 @@ impl Memory {
         self.settings
     }
 
-    /// Blocks held per replica, for every replica the memory knows.
+    /// Blocks held per replica, for every replica the memory knows (as of the last
+    /// [`Memory::settle`]).
     pub fn replica_blocks(&self) -> impl Iterator<Item = (&str, usize)> + '_ {
         self.models
             .iter()
@@ -210,7 +211,7 @@ impl Memory {
             .map(|model| (model.id.as_str(), model.held))
     }
 
-    /// Blocks held in all.
+    /// Blocks held in all (as of the last [`Memory::settle`]).
     pub fn held_blocks(&self) -> usize {
         self.models.iter().flatten().map(|m| m.held).sum()
     }
@@ -351,12 +352,16 @@ impl Memory {
         model.pending += blocks.len();
     }
 
-    /// Merges the touches since the last call into the model, evicts the least recently used
-    /// blocks of every replica beyond its capacity (their entries stay in the index, not held,
-    /// until the next merge drops them), and drops logs' crossed-out entries once they
-    /// outnumber the capacity (so a log stays within twice the capacity plus one window's
-    /// touches, and each touch pays for its entry once).
-    pub(crate) fn settle(&mut self) {
+    /// Merges the last window's touches into the models (nothing to do if there are none):
+    /// until then the counts ([`Memory::replica_blocks`], [`Memory::held_blocks`]) are those of
+    /// the window before. [`assign_with_memory`](crate::assign_with_memory) runs it first
+    /// unless the caller did after the last window.
+    ///
+    /// Evicts the least recently used blocks of every replica beyond its capacity (their
+    /// entries stay in the index, not held, until the next merge drops them), and drops logs'
+    /// crossed-out entries once they outnumber the capacity (so a log stays within twice the
+    /// capacity plus one window's touches, and each touch pays for its entry once).
+    pub fn settle(&mut self) {
         self.merge_pending();
         let capacity = self.settings.capacity_blocks.get();
         for model in self.models.iter_mut().flatten() {

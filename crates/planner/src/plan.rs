@@ -162,6 +162,11 @@ pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &Pla
 /// (any monotonic origin, the same for every call on one memory). Replicas the memory does not
 /// know start cold; the ones it knows that are not candidates now keep their models untouched
 /// (drop them with [`Memory::retain_replicas`] when they leave for good).
+///
+/// The touches are merged into the models by [`Memory::settle`], which this function runs first
+/// for the window before, unless the caller already has: the plan does not wait for its own
+/// window's merge, and a caller with time between windows (after answering this one) settles
+/// then.
 pub fn assign_with_memory(
     batch: &[BatchRequest<'_>],
     replicas: &[Replica<'_>],
@@ -169,6 +174,7 @@ pub fn assign_with_memory(
     memory: &mut Memory,
     now_ms: u64,
 ) -> Plan {
+    memory.settle();
     let slots: Vec<u32> = replicas.iter().map(|r| memory.slot(r.id)).collect();
     let carried: Vec<f64> = slots
         .iter()
@@ -188,7 +194,6 @@ pub fn assign_with_memory(
         found: Vec::new(),
     };
     let plan = plan(batch, replicas, params, Some(recall));
-    memory.settle();
     for (replica, &slot) in slots.iter().enumerate() {
         let start = carried[replica].round() as u64;
         let added = plan.loads[replica].saturating_sub(start);

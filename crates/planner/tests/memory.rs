@@ -126,6 +126,7 @@ fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
             &mut memory,
             window * 10,
         );
+        memory.settle();
         for (_, blocks) in memory.replica_blocks() {
             assert!(blocks <= capacity);
         }

@@ -62,7 +62,8 @@ impl PlannerMemory {
     }
 
     /// Plans one sealed window under `snapshot`'s config on `replicas` (a subset of its
-    /// endpoints), remembering earlier windows when the config enables memory.
+    /// endpoints), remembering earlier windows when the config enables memory. The window's
+    /// touches wait for [`PlannerMemory::settle`] (or the next window's planning).
     pub fn plan(
         &mut self,
         snapshot: &Snapshot,
@@ -79,14 +80,20 @@ impl PlannerMemory {
         for source in plan.sources.iter().flatten() {
             self.placements.with_label_values(&[source.label()]).inc();
         }
-        if let Some((memory, _)) = &self.model {
+        plan
+    }
+
+    /// Merges the windows planned so far into the model, and updates its metrics: called once
+    /// a window's requests are answered, so that they do not wait for it.
+    pub fn settle(&mut self) {
+        if let Some((memory, _)) = &mut self.model {
+            memory.settle();
             for (endpoint, blocks) in memory.replica_blocks() {
                 self.blocks
                     .with_label_values(&[endpoint])
                     .set(blocks as i64);
             }
         }
-        plan
     }
 
     /// Builds, rebuilds or drops the model for `settings`, and drops the models of endpoints

@@ -450,16 +450,12 @@ impl Window {
     }
 
     /// Plans a sealed window off the async workers (planning is CPU work; windows are planned
-    /// one at a time) and releases its waiters.
+    /// one at a time), releases its waiters, then merges the window into the planner's memory
+    /// (also off the async workers; the next window's planning does it if it gets there first).
     async fn plan_and_release(self: Arc<Self>, sealed: Sealed) {
         let window = self.clone();
-        let planned = tokio::task::spawn_blocking(move || {
-            let mut memory = window
-                .planning
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            plan(sealed, &window.live, &mut memory)
-        });
+        let planned =
+            tokio::task::spawn_blocking(move || plan(sealed, &window.live, &mut window.planning()));
         let result = planned.await;
         self.lock().sealed -= 1;
         match result {
@@ -469,6 +465,17 @@ impl Window {
             // The waiters' senders were dropped with the task: they get `Abandoned`, never hang.
             Err(error) => tracing::error!(%error, "planning a window failed"),
         }
+        let window = self.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || window.planning().settle()).await {
+            tracing::error!(%error, "merging a window into the planner's memory failed");
+        }
+    }
+
+    /// The planner's memory, for one window's planning or merge at a time.
+    fn planning(&self) -> std::sync::MutexGuard<'_, PlannerMemory> {
+        self.planning
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Refuses new requests from now on, and seals, plans and answers the open window.
