@@ -191,6 +191,36 @@ fn a_fan_out_copies_its_shared_prefix_once_the_holder_runs_ahead() {
 }
 
 #[test]
+fn a_few_new_conversations_on_one_system_prompt_spread_over_the_replicas() {
+    // Eight first turns on one 8-block system prompt, 2 blocks of their own each, 4 replicas:
+    // by the price alone (8 x (0.7 + 12 / 8) = 17.6 to copy the prompt) p1 would take all eight
+    // (it finishes the eighth at 24 blocks, before a cold replica's 27.6), and their next turns
+    // with them. The pile cap (1.35 x the larger of the mean load and a unit's 10 blocks)
+    // stops p1 at two, and each replica given the prompt after it.
+    let system: Vec<BlockHash> = (0..8).collect();
+    let prompts: Vec<Vec<BlockHash>> = (0..8u64)
+        .map(|s| {
+            system
+                .iter()
+                .copied()
+                .chain([100 + s * 2, 101 + s * 2])
+                .collect()
+        })
+        .collect();
+    let mut memory = memory(10_000, 0);
+    let plan = assign_with_memory(&batch(&prompts), &replicas(), &tokens(), &mut memory, 0);
+    for replica in 0..4 {
+        let sessions = plan
+            .assignments
+            .iter()
+            .filter(|a| **a == Some(replica))
+            .count();
+        assert_eq!(sessions, 2, "{:?}", plan.assignments);
+    }
+    assert_eq!(plan.loads, vec![12; 4]);
+}
+
+#[test]
 fn a_conversation_moves_only_to_a_replica_lighter_by_much_more_than_its_history() {
     // Sixteen conversations on p1 (the only replica then), 4 system blocks + 2 of their own
     // each: p1 carries their 36 blocks of prefill into the next window (no decay at the same
