@@ -157,12 +157,15 @@ pub async fn run(
     result
 }
 
-/// The planner config of a proxy route, without endpoints: `--planner-yaml` with memory on or
-/// (explicitly) off. The simulator's memory policy is built from the same text.
+/// The planner config of a proxy route, without endpoints: `--planner-yaml` (its last line
+/// ended, as a shell's `$(...)` does not) with memory on or (explicitly) off. The simulator's
+/// memory policy is built from the same text.
 pub fn proxy_planner_yaml(options: &RunOptions, memory: bool) -> String {
     format!(
-        "{}memory:\n  enabled: {memory}\n  cacheTokensPerReplica: {}\n  loadHalfLifeMs: {}\n",
-        options.planner_yaml, options.cache_tokens_per_replica, options.load_half_life_ms
+        "{}\nmemory:\n  enabled: {memory}\n  cacheTokensPerReplica: {}\n  loadHalfLifeMs: {}\n",
+        options.planner_yaml.trim_end(),
+        options.cache_tokens_per_replica,
+        options.load_half_life_ms
     )
 }
 
@@ -376,6 +379,17 @@ mod tests {
         assert_eq!(on.capacity_blocks.get(), 100);
         assert_eq!(on.load_half_life_ms, 2_000);
         assert_eq!(planner(true).window_duration_ms, 50);
+        // A last line without its newline (a shell's `$(...)`) is still a line of its own.
+        let options = RunOptions {
+            planner_yaml: "windowDurationMs: 50\nidleSealMs: 20".into(),
+            ..options
+        };
+        let yaml = format!("{}endpoints: []\n", proxy_planner_yaml(&options, true));
+        let planner = burst_prefix_api::ProducerConfig::from_yaml(&yaml)
+            .unwrap()
+            .planner;
+        assert_eq!(planner.idle_seal_ms, 20);
+        assert!(planner.memory_settings().is_some());
     }
 
     #[test]
