@@ -18,10 +18,10 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use burst_prefix_planner::{assign, assign_with_memory, BalanceBy, BatchRequest};
+use windows::{memory_stream, memory_stream_params, replica_list, steady_memory, whole_batch};
 
 /// Milliseconds, per window: without memory, and with memory to the plan and with the merge.
 type Times = (f64, (f64, f64));
-use windows::{memory_stream, memory_stream_params, replica_list, steady_memory, whole_batch};
 
 /// Windows timed per planner and way of timing.
 const WINDOWS: usize = 160;

@@ -239,21 +239,6 @@ fn planning_with_memory(c: &mut Criterion) {
         group.bench_function(format!("back_to_back/assign_baseline_{mode}"), |b| {
             b.iter(|| without(next_window().0))
         });
-        for (name, merge_timed) in [
-            ("assign_with_memory", false),
-            ("assign_with_memory_and_merge", true),
-        ] {
-            group.bench_function(format!("back_to_back/{name}_{mode}"), |b| {
-                b.iter_custom(|windows| {
-                    (0..windows)
-                        .map(|_| {
-                            let (batch, now_ms) = next_window();
-                            with(batch, &mut memory, now_ms, merge_timed)
-                        })
-                        .sum()
-                })
-            });
-        }
         group.bench_function(format!("interleaved/assign_baseline_{mode}"), |b| {
             b.iter_custom(|windows| {
                 let mut timed = Duration::ZERO;
@@ -267,21 +252,27 @@ fn planning_with_memory(c: &mut Criterion) {
                 timed
             })
         });
-        for (name, merge_timed) in [
-            ("assign_with_memory", false),
-            ("assign_with_memory_and_merge", true),
-        ] {
-            group.bench_function(format!("interleaved/{name}_{mode}"), |b| {
-                b.iter_custom(|windows| {
-                    (0..windows)
-                        .map(|_| {
-                            let (batch, now_ms) = next_window();
-                            black_box(without(batch));
-                            with(batch, &mut memory, now_ms, merge_timed)
-                        })
-                        .sum()
-                })
-            });
+        // With memory, each way (`interleaved`: after the same window, untimed, without memory),
+        // to the plan and with the merge.
+        for (way, interleaved) in [("back_to_back", false), ("interleaved", true)] {
+            for (name, merge_timed) in [
+                ("assign_with_memory", false),
+                ("assign_with_memory_and_merge", true),
+            ] {
+                group.bench_function(format!("{way}/{name}_{mode}"), |b| {
+                    b.iter_custom(|windows| {
+                        (0..windows)
+                            .map(|_| {
+                                let (batch, now_ms) = next_window();
+                                if interleaved {
+                                    black_box(without(batch));
+                                }
+                                with(batch, &mut memory, now_ms, merge_timed)
+                            })
+                            .sum()
+                    })
+                });
+            }
         }
     }
     group.finish();
