@@ -190,8 +190,11 @@ pub fn assign_with_memory(
         slots: &slots,
         replica_of_slot,
         carried: carried.iter().map(|&load| load.round() as u64).collect(),
-        looked_up: HashMap::default(),
+        looked_up: HashMap::with_capacity_and_hasher(batch.len(), BuildBlockHasher::default()),
         found: Vec::new(),
+        restricted: batch
+            .iter()
+            .any(|request| request.allowed_replicas.is_some()),
     };
     let plan = plan(batch, replicas, params, Some(recall));
     for (replica, &slot) in slots.iter().enumerate() {
@@ -219,6 +222,8 @@ struct Recall<'m> {
     /// two in the memory.
     looked_up: HashMap<BlockHash, (u32, u32), BuildBlockHasher>,
     found: Vec<u32>,
+    /// Some request of the window may use only some replicas (step 7).
+    restricted: bool,
 }
 
 const NO_REPLICA: u32 = u32::MAX;
@@ -263,9 +268,10 @@ impl Recall<'_> {
 
     /// Whether request `request` may use `replica` (step 7).
     fn may_use(&self, request: usize, replica: usize) -> bool {
-        self.batch[request]
-            .allowed_replicas
-            .is_none_or(|allowed| allowed.contains(&replica))
+        !self.restricted
+            || self.batch[request]
+                .allowed_replicas
+                .is_none_or(|allowed| allowed.contains(&replica))
     }
 }
 
@@ -600,6 +606,8 @@ struct Placer<'a> {
     /// Scratch, per replica, with memory: a member of the current unit placed on it may use it
     /// (step 7), so its model records the unit.
     usable: Vec<bool>,
+    /// Scratch for `Placer::earliest_finish`.
+    price_from: Vec<f64>,
 }
 
 impl<'a> Placer<'a> {
@@ -659,6 +667,7 @@ impl<'a> Placer<'a> {
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
             usable: vec![false; if recall.is_some() { replicas.len() } else { 0 }],
+            price_from: Vec::new(),
             recall,
         }
     }
@@ -760,7 +769,7 @@ impl<'a> Placer<'a> {
     /// The replica a unit starts on, and why: the longest held prefix (at least the
     /// preference's blocks) among replicas under the fair share, else the least-loaded replica
     /// (every replica is under k when a unit starts).
-    fn first_replica(&self, unit: &Unit<'_>) -> (usize, Source) {
+    fn first_replica(&mut self, unit: &Unit<'_>) -> (usize, Source) {
         let preferred = match &self.balance {
             Balance::FairShare { max_share } => self.prefer_from.and_then(|need| {
                 let by_match = |&a: &usize, &b: &usize| {
@@ -807,12 +816,22 @@ impl<'a> Placer<'a> {
     /// A prefix that other units of the window share is followed only to a replica that stays
     /// under `PILE_CAP` (`Placer::within_pile_cap`): with few units to the window, the price alone
     /// would pile them all onto the first replica given their prompt.
-    fn earliest_finish(&self, unit: &Unit<'_>) -> Option<usize> {
+    fn earliest_finish(&mut self, unit: &Unit<'_>) -> Option<usize> {
+        // One buffer for every unit's prices: allocating one per unit showed in the profile.
+        let mut price_from = std::mem::take(&mut self.price_from);
+        let best = self.earliest_finish_priced(unit, &mut price_from);
+        self.price_from = price_from;
+        best
+    }
+
+    /// `Placer::earliest_finish`, pricing in `price_from`.
+    fn earliest_finish_priced(&self, unit: &Unit<'_>, price_from: &mut Vec<f64>) -> Option<usize> {
         let need = self.prefer_from.unwrap_or(1);
         let held = |r: usize| Some(self.matches[r]).filter(|&m| m >= need).unwrap_or(0);
         let longest = self.matched.iter().map(|&r| held(r)).max()?;
         // price_from[i]: the price of blocks i..longest, which a replica holding i lacks.
-        let mut price_from = vec![0.0; longest + 1];
+        price_from.clear();
+        price_from.resize(longest + 1, 0.0);
         for i in (0..longest).rev() {
             price_from[i] = price_from[i + 1]
                 + COPY_PRICE_PER_BLOCK
