@@ -192,6 +192,7 @@ pub fn assign_with_memory(
         carried: carried.iter().map(|&load| load.round() as u64).collect(),
         looked_up: HashMap::with_capacity_and_hasher(batch.len(), BuildBlockHasher::default()),
         found: Vec::new(),
+        once: Vec::new(),
         restricted: batch
             .iter()
             .any(|request| request.allowed_replicas.is_some()),
@@ -222,6 +223,8 @@ struct Recall<'m> {
     /// two in the memory.
     looked_up: HashMap<BlockHash, (u32, u32), BuildBlockHasher>,
     found: Vec<u32>,
+    /// The last lookup not kept.
+    once: Vec<u32>,
     /// Some request of the window may use only some replicas (step 7).
     restricted: bool,
 }
@@ -229,23 +232,37 @@ struct Recall<'m> {
 const NO_REPLICA: u32 = u32::MAX;
 
 impl Recall<'_> {
-    /// The candidate replicas whose models hold `block`.
-    fn holders(&mut self, block: BlockHash) -> &[u32] {
+    /// The candidate replicas whose models hold `block`, kept for the next lookup when other
+    /// units of the window share the block (`shared`); a block of one unit's own is looked up
+    /// again rather than kept (keeping costs about a lookup, and most blocks are one unit's).
+    fn holders(&mut self, block: BlockHash, shared: bool) -> &[u32] {
         let Recall {
             memory,
             replica_of_slot,
             looked_up,
             found,
+            once,
             ..
         } = self;
-        let (from, to) = *looked_up.entry(block).or_insert_with(|| {
-            let from = found.len() as u32;
+        let candidates = |memory: &Memory, found: &mut Vec<u32>| {
             found.extend(
                 memory
                     .holders(block)
                     .map(|slot| replica_of_slot[slot as usize])
                     .filter(|&replica| replica != NO_REPLICA),
-            );
+            )
+        };
+        if !shared {
+            if let Some(&(from, to)) = looked_up.get(&block) {
+                return &found[from as usize..to as usize];
+            }
+            once.clear();
+            candidates(memory, once);
+            return once;
+        }
+        let (from, to) = *looked_up.entry(block).or_insert_with(|| {
+            let from = found.len() as u32;
+            candidates(memory, found);
             (from, found.len() as u32)
         });
         &found[from as usize..to as usize]
@@ -257,7 +274,7 @@ impl Recall<'_> {
         if blocks.len() < need {
             return false;
         }
-        let holders = self.holders(blocks[need - 1]).to_vec();
+        let holders = self.holders(blocks[need - 1], true).to_vec();
         holders.into_iter().any(|replica| {
             let slot = self.slots[replica as usize];
             blocks[..need - 1]
@@ -358,7 +375,7 @@ fn plan(
         // Requests outside every unit: what the replicas hold of them, for their answers.
         for (request, entry) in batch.iter().zip(0..) {
             if plan.held.list_of[entry] == NO_LIST && !request.blocks.is_empty() {
-                placer.walk_holders(request.blocks);
+                placer.walk_holders(request.blocks, 0);
                 placer.keep_held_list(&[entry], &mut plan.held);
                 placer.clear_matches();
             }
@@ -544,10 +561,11 @@ fn most_constrained_first(units: &mut [Unit<'_>], recall: &mut Recall<'_>) {
     units.sort_by_cached_key(|unit| {
         // The remembered prefix: the first unheld block ends it. From the first block on (not
         // a binary search): the walk looks up these blocks again, and finds them looked up.
-        let remembered = unit
-            .blocks
-            .iter()
-            .take_while(|&&block| !recall.holders(block).is_empty())
+        let remembered = (0..unit.blocks.len())
+            .take_while(|&depth| {
+                let shared = depth < unit.shared();
+                !recall.holders(unit.blocks[depth], shared).is_empty()
+            })
             .count();
         let shared_by = match remembered {
             0 => u32::MAX,
@@ -674,7 +692,7 @@ impl<'a> Placer<'a> {
 
     fn place(&mut self, unit: &Unit<'_>, plan: &mut Plan) {
         if self.prefer_from.is_some() {
-            self.walk_holders(unit.blocks);
+            self.walk_holders(unit.blocks, unit.shared());
         }
         if self.recall.is_some() {
             self.keep_held_list(&unit.members, &mut plan.held);
@@ -950,7 +968,7 @@ impl<'a> Placer<'a> {
     /// its model), for every replica holding any: a holder of block i advances only if it held
     /// blocks 0..i, so each holder of each walked block is visited once; the walk stops at the
     /// first block on which no holder advanced.
-    fn walk_holders(&mut self, blocks: &[BlockHash]) {
+    fn walk_holders(&mut self, blocks: &[BlockHash], shared: usize) {
         let (matches, matched) = (&mut self.matches, &mut self.matched);
         let mut advance = |holder: usize, depth: usize| {
             if matches[holder] == depth {
@@ -969,7 +987,7 @@ impl<'a> Placer<'a> {
                 advanced |= advance(holder as usize, depth);
             }
             if let Some(recall) = &mut self.recall {
-                for &holder in recall.holders(*block) {
+                for &holder in recall.holders(*block, depth < shared) {
                     advanced |= advance(holder as usize, depth);
                 }
             }

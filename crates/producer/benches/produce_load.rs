@@ -56,9 +56,16 @@ struct Options {
     /// How long the latency phase lasts per server, in seconds (0.1..=60).
     #[arg(long, default_value_t = 10.0, value_parser = seconds_within(0.1, 60.0))]
     seconds: f64,
-    /// Size of each prompt, in KiB (groups of 8 identical prompts, 64 distinct).
+    /// Size of each prompt, in KiB (groups of 8 identical prompts).
     #[arg(long, default_value_t = 16)]
     prompt_kib: usize,
+    /// Distinct prompts, sent in turn: 64 repeat every 512 requests (the producer's memory then
+    /// finds them cached); many thousands make every window's prompts new to it.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    distinct_prompts: u32,
+    /// The producer's `memory.enabled` (SPEC §7): false plans every window cold, as llm-d does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    memory: bool,
     /// windowDurationMs of the producer (and the no-op window server's clock) in the latency
     /// phase.
     #[arg(long, default_value_t = 100)]
@@ -83,9 +90,9 @@ struct Options {
     cargo: CargoBench,
 }
 
-/// Bodies: groups of 8 identical completions requests, 64 distinct prompts.
-fn bodies(prompt_kib: usize) -> Vec<Bytes> {
-    (0..64)
+/// Bodies: groups of 8 identical completions requests on `distinct` prompts.
+fn bodies(prompt_kib: usize, distinct: u32) -> Vec<Bytes> {
+    (0..distinct)
         .map(|p| {
             let mut prompt = format!("Rollout prompt {p}. ");
             let filler = "Solve the problem step by step and box the final answer. ";
@@ -268,7 +275,7 @@ fn round_trip_ms(samples: &[Sample]) -> Vec<f64> {
         .collect()
 }
 
-async fn start_producer(window_ms: u64) -> Service {
+async fn start_producer(window_ms: u64, memory: bool) -> Service {
     let producer = Producer::new(ConfigSource::Demo, Limits::default());
     let mut config = String::from("maxBatchSize: -1\nendpoints:\n");
     for i in 0..4 {
@@ -279,7 +286,9 @@ async fn start_producer(window_ms: u64) -> Service {
     }
     producer
         .store
-        .apply_text(&format!("windowDurationMs: {window_ms}\n{config}"))
+        .apply_text(&format!(
+            "windowDurationMs: {window_ms}\nmemory: {{enabled: {memory}}}\n{config}"
+        ))
         .unwrap();
     Service::on_loopback(producer, ProxyConfig::default())
         .await
@@ -356,7 +365,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let bodies = bodies(options.prompt_kib);
+    let bodies = bodies(options.prompt_kib, options.distinct_prompts);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -364,21 +373,23 @@ fn main() {
 
     let noop = servers.block_on(start_noop());
     let noop_window = servers.block_on(start_noop_window(options.window_ms));
-    let producer = servers.block_on(start_producer(options.window_ms));
-    let fast = servers.block_on(start_producer(options.throughput_window_ms));
+    let producer = servers.block_on(start_producer(options.window_ms, options.memory));
+    let fast = servers.block_on(start_producer(options.throughput_window_ms, options.memory));
     let noop_url = format!("http://{noop}/v1/produce");
     let noop_window_url = format!("http://{noop_window}/v1/produce");
     let producer_url = format!("http://{}/v1/produce", producer.addr(Role::Api).unwrap());
     let fast_url = format!("http://{}/v1/produce", fast.addr(Role::Api).unwrap());
 
     println!(
-        "load: {} req/s for {} s, {} KiB prompts (body {} bytes), window {} ms; throughput: {} \
-         clients for {} s, window {} ms; threads: server {}, client {}",
+        "load: {} req/s for {} s, {} KiB prompts (body {} bytes, {} distinct), window {} ms, \
+         memory {}; throughput: {} clients for {} s, window {} ms; threads: server {}, client {}",
         options.rate,
         options.seconds,
         options.prompt_kib,
         bodies[0].len(),
+        options.distinct_prompts,
         options.window_ms,
+        if options.memory { "on" } else { "off" },
         options.concurrency,
         options.throughput_seconds,
         options.throughput_window_ms,
