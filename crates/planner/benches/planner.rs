@@ -9,7 +9,7 @@ mod windows;
 
 use burst_prefix_planner::{
     assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
-    Memory, PlanParams, Prompt, Replica,
+    Memory, MemorySettings, PlanParams, Prompt, Replica,
 };
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
@@ -278,11 +278,91 @@ fn planning_with_memory(c: &mut Criterion) {
     group.finish();
 }
 
+/// Pairs of new 64-block prompts (`synthetic_blocks` from `first_id` on), each pair one unit.
+fn pairs(first_id: u64, count: usize) -> Vec<Vec<BlockHash>> {
+    (0..count as u64)
+        .flat_map(|id| {
+            let prompt: Vec<BlockHash> = synthetic_blocks(first_id + id, 64).collect();
+            [prompt.clone(), prompt]
+        })
+        .collect()
+}
+
+/// Small windows on a large memory: 1,024 replicas, each at the default capacity (4,096 blocks:
+/// 4.2 million entries in all), then windows of 100 pairs of new 64-block prompts (6,400 touches
+/// each), 16 in turn (from the second turn on, the memory remembers them). The merge
+/// (`Memory::settle`) is timed on its own, after the window's plan.
+fn memory_at_scale(c: &mut Criterion) {
+    let ids = replica_ids(1_024);
+    let replicas = replica_list(&ids);
+    let params = PlanParams::default();
+    let mut memory = Memory::new(MemorySettings {
+        capacity_blocks: std::num::NonZeroUsize::new(4_096).unwrap(),
+        load_half_life_ms: 0,
+    });
+    let mut now_ms = 0;
+    // 66 windows of a pair per replica: every replica's model full, and then some.
+    for window in 0..66 {
+        let prompts = pairs(window * 1_024, 1_024);
+        now_ms += 100;
+        assign_with_memory(
+            &whole_batch(&prompts),
+            &replicas,
+            &params,
+            &mut memory,
+            now_ms,
+        );
+    }
+    let windows: Vec<Vec<Vec<BlockHash>>> =
+        (0..16).map(|w| pairs(1_000_000 + w * 100, 100)).collect();
+    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
+    let mut group = c.benchmark_group("memory_1024_replicas_200_requests");
+    group.throughput(Throughput::Elements(200));
+    let mut next = 0;
+    let mut next_window = || {
+        next += 1;
+        now_ms += 100;
+        (&batches[next % batches.len()], now_ms)
+    };
+    group.bench_function("assign_baseline", |b| {
+        b.iter(|| assign(black_box(next_window().0), &replicas, &params))
+    });
+    for (name, merge_timed) in [("assign_with_memory", false), ("settle", true)] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|windows| {
+                (0..windows)
+                    .map(|_| {
+                        let (batch, now_ms) = next_window();
+                        let start = Instant::now();
+                        black_box(assign_with_memory(
+                            black_box(batch),
+                            &replicas,
+                            &params,
+                            &mut memory,
+                            now_ms,
+                        ));
+                        let planned = start.elapsed();
+                        let start = Instant::now();
+                        memory.settle();
+                        if merge_timed {
+                            start.elapsed()
+                        } else {
+                            planned
+                        }
+                    })
+                    .sum()
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     hashing,
     planning,
     planning_with_memory,
+    memory_at_scale,
     rl_step_bench,
     scaling
 );

@@ -131,7 +131,8 @@ fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
             assert!(blocks <= capacity);
         }
         // The index keeps, besides the held blocks, at most those this window's 80 touches
-        // (8 pairs of 10 blocks, each pair on one replica) pushed out: the next merge drops them.
+        // (8 pairs of 10 blocks, each pair on one replica) pushed out: the next merge drops them
+        // (each window here is more than a sixteenth of the index, so merges fully).
         assert!(memory.index_entries() <= memory.held_blocks() + 80);
     }
     assert_eq!(memory.held_blocks(), capacity * IDS.len());
