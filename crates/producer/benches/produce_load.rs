@@ -112,6 +112,8 @@ struct Sample {
     window: Option<u64>,
     waited_ms: Option<f64>,
     ok: bool,
+    /// The answer's body size.
+    bytes: usize,
 }
 
 async fn send(client: &reqwest::Client, url: &str, body: Bytes) -> Sample {
@@ -130,6 +132,7 @@ async fn send(client: &reqwest::Client, url: &str, body: Bytes) -> Sample {
         Err(_) => (false, None),
     };
     let received = Instant::now();
+    let size = bytes.as_ref().map_or(0, |b| b.len());
     let answer = bytes.and_then(|b| serde_json::from_slice::<Value>(&b).ok());
     let window = answer.as_ref().and_then(|v| v["window"]["id"].as_u64());
     let waited_ms = answer
@@ -141,6 +144,7 @@ async fn send(client: &reqwest::Client, url: &str, body: Bytes) -> Sample {
         window,
         waited_ms,
         ok,
+        bytes: size,
     }
 }
 
@@ -482,13 +486,15 @@ fn main() {
     println!();
     println!(
         "failed: no-op {}, no-op window {}, producer {}; producer windows: {} (mean {:.1} \
-         requests), mean plan time {:.3} ms",
+         requests), mean plan time {:.3} ms, mean answer {:.0} bytes",
         failed(&noop_samples),
         failed(&noop_window_samples),
         failed(&producer_samples),
         windows.len(),
         producer_samples.len() as f64 / windows.len().max(1) as f64,
-        plan("sum") / plan("count") * 1e3
+        plan("sum") / plan("count") * 1e3,
+        producer_samples.iter().map(|s| s.bytes).sum::<usize>() as f64
+            / producer_samples.len().max(1) as f64
     );
     println!(
         "throughput: no-op {:.0} req/s ({} failed), producer {:.0} req/s ({} failed) = {:.0}% of \
