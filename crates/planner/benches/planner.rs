@@ -18,8 +18,8 @@ use reference::reference_assign;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use windows::{
-    memory_stream, memory_stream_params, replica_list, steady_memory, tokens, whole_batch,
-    window_seeded, GROUP_SIZE, PROMPT_TOKENS,
+    memory_stream, memory_stream_params, plan_then_settle, replica_list, steady_memory, tokens,
+    whole_batch, window_seeded, GROUP_SIZE, PROMPT_TOKENS,
 };
 use xxhash_rust::xxh64::xxh64;
 
@@ -220,18 +220,9 @@ fn planning_with_memory(c: &mut Criterion) {
         let without = |batch: &[BatchRequest<'_>]| assign(black_box(batch), &replicas, &params);
         // A window with memory, timed to the plan or with the merge; merged either way.
         let with = |batch: &[BatchRequest<'_>], memory: &mut Memory, now_ms, merge_timed| {
-            let start = Instant::now();
-            black_box(assign_with_memory(
-                black_box(batch),
-                &replicas,
-                &params,
-                memory,
-                now_ms,
-            ));
-            let planned = start.elapsed();
-            memory.settle();
+            let (planned, merged) = plan_then_settle(batch, &replicas, &params, memory, now_ms);
             if merge_timed {
-                start.elapsed()
+                planned + merged
             } else {
                 planned
             }
@@ -333,19 +324,10 @@ fn memory_at_scale(c: &mut Criterion) {
                 (0..windows)
                     .map(|_| {
                         let (batch, now_ms) = next_window();
-                        let start = Instant::now();
-                        black_box(assign_with_memory(
-                            black_box(batch),
-                            &replicas,
-                            &params,
-                            &mut memory,
-                            now_ms,
-                        ));
-                        let planned = start.elapsed();
-                        let start = Instant::now();
-                        memory.settle();
+                        let (planned, merged) =
+                            plan_then_settle(batch, &replicas, &params, &mut memory, now_ms);
                         if merge_timed {
-                            start.elapsed()
+                            merged
                         } else {
                             planned
                         }

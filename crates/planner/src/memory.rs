@@ -85,6 +85,13 @@ struct Level {
     bits: u32,
 }
 
+/// Which of `Memory`'s two levels.
+#[derive(Clone, Copy, Debug)]
+enum LevelName {
+    Settled,
+    Recent,
+}
+
 impl Default for Level {
     fn default() -> Self {
         Level {
@@ -372,9 +379,30 @@ impl Memory {
 
     /// The entry of `slot`'s last use of `block` (held or evicted), if the index has one.
     fn last_use(&self, block: BlockHash, slot: u32) -> Option<&Held> {
+        let (level, at) = self.last_use_at(block, slot)?;
+        Some(&self.level(level).entries[at])
+    }
+
+    /// Where the entry of `slot`'s last use of `block` is: the recent level's entry of a key
+    /// supersedes the settled one's.
+    fn last_use_at(&self, block: BlockHash, slot: u32) -> Option<(LevelName, usize)> {
         match self.recent.position(block, slot) {
-            Some(at) => Some(&self.recent.entries[at]),
-            None => (self.settled.position(block, slot)).map(|at| &self.settled.entries[at]),
+            Some(at) => Some((LevelName::Recent, at)),
+            None => (self.settled.position(block, slot)).map(|at| (LevelName::Settled, at)),
+        }
+    }
+
+    fn level(&self, name: LevelName) -> &Level {
+        match name {
+            LevelName::Settled => &self.settled,
+            LevelName::Recent => &self.recent,
+        }
+    }
+
+    fn level_mut(&mut self, name: LevelName) -> &mut Level {
+        match name {
+            LevelName::Settled => &mut self.settled,
+            LevelName::Recent => &mut self.recent,
         }
     }
 
@@ -582,14 +610,10 @@ impl Memory {
         for at in 0..model.log.len() {
             let model = self.model(slot);
             let (block, stamp) = (model.log[at].0, model.stamp(at));
-            let entry = match self.recent.position(block, slot) {
-                Some(at) => &mut self.recent.entries[at],
-                None => {
-                    let at = self.settled.position(block, slot);
-                    &mut self.settled.entries[at.expect("a held block is indexed")]
-                }
-            };
-            entry.stamp = stamp;
+            let (level, at) = self
+                .last_use_at(block, slot)
+                .expect("a held block is indexed");
+            self.level_mut(level).entries[at].stamp = stamp;
         }
     }
 

@@ -560,7 +560,8 @@ fn count_sharers(units: &mut [Unit<'_>]) {
 fn most_constrained_first(units: &mut [Unit<'_>], recall: &mut Recall<'_>) {
     units.sort_by_cached_key(|unit| {
         // The remembered prefix: the first unheld block ends it. From the first block on (not
-        // a binary search): the walk looks up these blocks again, and finds them looked up.
+        // a binary search): the walk looks up these blocks again, and finds the shared ones
+        // kept.
         let remembered = (0..unit.blocks.len())
             .take_while(|&depth| {
                 let shared = depth < unit.shared();
@@ -967,7 +968,8 @@ impl<'a> Placer<'a> {
     /// `matches[r]` = leading blocks of `blocks` held by r (in this window or, with memory, in
     /// its model), for every replica holding any: a holder of block i advances only if it held
     /// blocks 0..i, so each holder of each walked block is visited once; the walk stops at the
-    /// first block on which no holder advanced.
+    /// first block on which no holder advanced. The memory's lookups of the first `shared`
+    /// blocks (those other units of the window share) are kept for their walks.
     fn walk_holders(&mut self, blocks: &[BlockHash], shared: usize) {
         let (matches, matched) = (&mut self.matches, &mut self.matched);
         let mut advance = |holder: usize, depth: usize| {

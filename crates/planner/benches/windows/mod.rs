@@ -1,7 +1,9 @@
 //! The windows the planner's benches plan: requests in groups of 8 samples of one prompt, four
 //! groups per family sharing the first quarter of their prompt (64 blocks of 64 tokens each).
 
+use std::hint::black_box;
 use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
 
 use burst_prefix_planner::{
     assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, Memory,
@@ -101,4 +103,28 @@ pub fn steady_memory(
         assign_with_memory(batch, replicas, params, &mut memory, now_ms);
     }
     (memory, now_ms)
+}
+
+/// Plans `batch` with memory, then merges it into the memory (`Memory::settle`, which the
+/// producer runs once the window's requests are answered): the time to the plan, and the
+/// merge's own time.
+pub fn plan_then_settle(
+    batch: &[BatchRequest<'_>],
+    replicas: &[Replica<'_>],
+    params: &PlanParams,
+    memory: &mut Memory,
+    now_ms: u64,
+) -> (Duration, Duration) {
+    let start = Instant::now();
+    black_box(assign_with_memory(
+        black_box(batch),
+        replicas,
+        params,
+        memory,
+        now_ms,
+    ));
+    let planned = start.elapsed();
+    let start = Instant::now();
+    memory.settle();
+    (planned, start.elapsed())
 }
