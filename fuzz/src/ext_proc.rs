@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use burst_prefix_api::ProducerConfig;
-use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_producer::core::ConfigOrigin;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::epp::{self, messages};
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
@@ -75,14 +75,14 @@ thread_local! {
     /// and memory is off, so an answer depends on its input alone.
     static PICKER: (tokio::runtime::Runtime, Producer) = {
         let producer = Producer::new(
-            ConfigSource::Demo,
+            ConfigOrigin::Demo,
             Limits {
                 max_body_bytes: MAX_BODY_BYTES,
                 ..Limits::default()
             },
         );
         producer
-            .store
+            .config_store()
             .apply(config().clone())
             .expect("a valid config");
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -105,7 +105,7 @@ pub fn check(data: &[u8]) {
         });
         for endpoint in &config().endpoints {
             assert_eq!(
-                producer.live.in_flight(&endpoint.id),
+                producer.in_flight(&endpoint.id),
                 0,
                 "a stream that ended is no longer in flight on {}",
                 endpoint.id

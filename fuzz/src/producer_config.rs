@@ -8,7 +8,7 @@ use burst_prefix_api::config::RULES;
 use burst_prefix_api::producer_config::ProducerConfigError;
 use burst_prefix_api::ProducerConfig;
 use burst_prefix_producer::core::batch::HashedRequest;
-use burst_prefix_producer::core::config_store::{Applied, ConfigSource, ConfigStore};
+use burst_prefix_producer::core::config_store::{Applied, ConfigOrigin, ConfigStore};
 use burst_prefix_producer::core::metrics::Metrics;
 use burst_prefix_producer::core::request::InferenceRequest;
 
@@ -43,7 +43,7 @@ pub fn check(data: &[u8]) {
     // A fresh store (its generations start at 1); the metrics it counts into are shared, as
     // they only count.
     let metrics = METRICS.with(Arc::clone);
-    let store = ConfigStore::new(ConfigSource::Demo, metrics);
+    let store = ConfigStore::new(ConfigOrigin::Demo, metrics);
     assert_eq!(store.apply_text(GOOD), Ok(Applied::Accepted(1)));
     let before = store.current().expect("a config is in force");
     let applied = store.apply_text(text);

@@ -12,10 +12,10 @@ use std::num::NonZeroU32;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use axum::Router;
-use burst_prefix_producer::core::config_store::ConfigSource;
+use burst_prefix_producer::core::hints::GROUP_SIZE_HEADER;
 use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_producer::core::ConfigOrigin;
 use burst_prefix_producer::core::{Limits, Producer};
-use burst_prefix_producer::http::GROUP_SIZE_HEADER;
 use burst_prefix_producer::proxy::{self, ProxyConfig};
 use tower::ServiceExt;
 
@@ -101,7 +101,7 @@ pub fn check(data: &[u8]) {
                 .build()
                 .expect("a runtime");
             let producer = Producer::new(
-                ConfigSource::Demo,
+                ConfigOrigin::Demo,
                 Limits {
                     max_body_bytes: MAX_BODY_BYTES,
                     ..Limits::default()
@@ -179,7 +179,7 @@ pub fn check(data: &[u8]) {
 /// The headers passed on: all but the hop-by-hop ones, those `connection` names, `host` and
 /// `content-length`; the others whole, in order.
 fn check_forwarded(headers: &HeaderMap) {
-    let forwarded = proxy::forwarded(headers);
+    let forwarded = proxy::upstream::forwarded(headers);
     let named: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -5,5 +5,16 @@ pub mod config;
 pub mod policy;
 pub mod producer_config;
 
+/// The producer's default ports: its command line, the policy's defaults and the operator's
+/// children all read them here.
+pub mod ports {
+    /// The API: the scoring endpoints and the OpenAI-compatible proxy.
+    pub const API: u16 = 8080;
+    /// The admin port: `/healthz`, `/readyz`, `/metrics`.
+    pub const ADMIN: u16 = 9090;
+    /// The gRPC endpoint picker (the Gateway API Inference Extension's convention).
+    pub const EPP: u16 = 9002;
+}
+
 pub use config::{BalanceBy, ConfigError, MemoryConfig, PlannerConfig, Violation};
 pub use producer_config::{Endpoint, ProducerConfig};

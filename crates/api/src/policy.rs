@@ -20,6 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{PlannerConfig, RULES};
+use crate::ports;
 
 pub const GROUP: &str = "burstprefix.io";
 pub const VERSION: &str = "v1alpha1";
@@ -29,12 +30,6 @@ pub const DEFAULT_PRODUCER_IMAGE: &str = concat!(
     "ghcr.io/burst-prefix/burst-prefix-producer:",
     env!("CARGO_PKG_VERSION")
 );
-/// The API port of the producer (`/v1/produce`, `/v1/plan`, the proxy routes).
-pub const DEFAULT_PORT: i32 = 8080;
-/// The admin port of the producer (`/healthz`, `/readyz`, `/metrics`).
-pub const DEFAULT_METRICS_PORT: i32 = 9090;
-/// The gRPC endpoint-picker port of the producer (the Gateway API Inference Extension default).
-pub const DEFAULT_EPP_PORT: i32 = 9002;
 
 /// What `kubectl explain burstprefixpolicy` says about the kind.
 const KIND_DESCRIPTION: &str = "A BurstPrefixPolicy co-locates bursts of prefix-sharing LLM \
@@ -171,13 +166,13 @@ fn default_replicas() -> i32 {
     1
 }
 fn default_port() -> i32 {
-    DEFAULT_PORT
+    ports::API.into()
 }
 fn default_metrics_port() -> i32 {
-    DEFAULT_METRICS_PORT
+    ports::ADMIN.into()
 }
 fn default_epp_port() -> i32 {
-    DEFAULT_EPP_PORT
+    ports::EPP.into()
 }
 fn default_log_level() -> LogLevel {
     LogLevel::Info

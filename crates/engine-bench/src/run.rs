@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::{ProxyConfig, ENDPOINT_HEADER};
 use burst_prefix_producer::serve::{Role, Service};
@@ -145,7 +144,7 @@ pub async fn run(
         record.memory_in_use = Some(
             proxy
                 .producer
-                .metrics
+                .metrics()
                 .render()
                 .contains("burst_prefix_memory_blocks"),
         );
@@ -183,10 +182,7 @@ async fn start_proxy(
             replica.addr
         ));
     }
-    let producer = Producer::new(ConfigSource::Demo, Limits::default());
-    producer
-        .store
-        .apply_text(&yaml)
+    let producer = Producer::with_config(&yaml, Limits::default())
         .map_err(|e| anyhow!("the proxy's config is refused: {e}\n{yaml}"))?;
     Service::on_loopback(producer, ProxyConfig::default())
         .await

@@ -14,7 +14,6 @@ mod stats;
 
 use std::time::{Duration, Instant};
 
-use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
@@ -45,7 +44,6 @@ struct Options {
 }
 
 async fn start(endpoints: usize) -> Service {
-    let producer = Producer::new(ConfigSource::Demo, Limits::default());
     let mut yaml =
         String::from("windowDurationMs: 100\nmaxBatchSize: -1\nsealOnHints: false\nendpoints:\n");
     for i in 0..endpoints {
@@ -56,7 +54,7 @@ async fn start(endpoints: usize) -> Service {
             i % 256
         ));
     }
-    producer.store.apply_text(&yaml).unwrap();
+    let producer = Producer::with_config(&yaml, Limits::default()).unwrap();
     Service::on_loopback(producer, ProxyConfig::default())
         .await
         .unwrap()

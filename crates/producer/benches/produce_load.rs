@@ -32,8 +32,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use axum::{Json, Router};
-use burst_prefix_producer::core::config_store::ConfigSource;
-use burst_prefix_producer::core::{Limits, Producer, DEFAULT_MAX_BODY_BYTES};
+use burst_prefix_producer::core::limits::DEFAULT_MAX_BODY_BYTES;
+use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use clap::Parser;
@@ -280,7 +280,6 @@ fn round_trip_ms(samples: &[Sample]) -> Vec<f64> {
 }
 
 async fn start_producer(window_ms: u64, memory: bool) -> Service {
-    let producer = Producer::new(ConfigSource::Demo, Limits::default());
     let mut config = String::from("maxBatchSize: -1\nendpoints:\n");
     for i in 0..4 {
         config.push_str(&format!(
@@ -288,12 +287,11 @@ async fn start_producer(window_ms: u64, memory: bool) -> Service {
             8000 + i
         ));
     }
-    producer
-        .store
-        .apply_text(&format!(
-            "windowDurationMs: {window_ms}\nmemory: {{enabled: {memory}}}\n{config}"
-        ))
-        .unwrap();
+    let producer = Producer::with_config(
+        &format!("windowDurationMs: {window_ms}\nmemory: {{enabled: {memory}}}\n{config}"),
+        Limits::default(),
+    )
+    .unwrap();
     Service::on_loopback(producer, ProxyConfig::default())
         .await
         .unwrap()
@@ -442,7 +440,7 @@ fn main() {
     let failed = |samples: &[Sample]| samples.iter().filter(|s| !s.ok).count();
     let windows: std::collections::HashSet<u64> =
         producer_samples.iter().filter_map(|s| s.window).collect();
-    let metrics = producer.producer.metrics.render();
+    let metrics = producer.producer.metrics().render();
     let plan = |suffix: &str| {
         metrics
             .lines()

@@ -32,7 +32,6 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
-use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
@@ -235,7 +234,6 @@ async fn start_noop_proxy(upstreams: Vec<String>) -> String {
 }
 
 async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
-    let producer = Producer::new(ConfigSource::Demo, Limits::default());
     let mut yaml = format!("windowDurationMs: {window_ms}\nmaxBatchSize: -1\nendpoints:\n");
     for (i, stub) in stubs.iter().enumerate() {
         yaml.push_str(&format!(
@@ -243,7 +241,7 @@ async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
             stub.addr()
         ));
     }
-    producer.store.apply_text(&yaml).unwrap();
+    let producer = Producer::with_config(&yaml, Limits::default()).unwrap();
     Service::on_loopback(producer, ProxyConfig::default())
         .await
         .unwrap()
@@ -354,7 +352,7 @@ fn main() {
             println!("{}", summary(name, samples));
         }
         println!("{}", summary("(time to spawn a burst's 48 sends)", spreads));
-        let metrics = hinted_proxy.producer.metrics.render();
+        let metrics = hinted_proxy.producer.metrics().render();
         let sealed: Vec<&str> = metrics
             .lines()
             .filter(|l| l.starts_with("burst_prefix_windows_sealed_total"))

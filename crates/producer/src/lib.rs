@@ -1,18 +1,20 @@
 //! The burst-prefix producer: inference request bodies in, placements on replicas out.
 //!
-//! - [`core`]: the one operation every front-end calls, [`core::Producer::place`] (parse, join
-//!   the window, wait for its plan), with the config in force and the metrics.
-//! - Front-ends, thin adapters around the core: [`http`] (the JSON API and the admin port) and
-//!   [`proxy`] (the OpenAI-compatible router), and [`epp`] (the gateway endpoint picker, gRPC).
-//! - [`sources`]: where the config comes from (a file, a ConfigMap).
-//! - [`serve`]: the wiring of source, core and listeners, and graceful shutdown; [`listen`]
-//!   serves one listener under connection limits.
-#![forbid(unsafe_code)]
+//! - [`core`]: every rule a request meets, behind the operations the front-ends call
+//!   ([`core::Producer::place`], [`core::Producer::route`], [`core::Producer::refuse`]), with
+//!   the config in force and the metrics. docs/architecture.md follows a request through it.
+//! - Front-ends, thin adapters around the core that import nothing from each other:
+//!   [`scoring`] (`/v1/produce`, `/v1/plan`, `/v1/endpoints`), [`proxy`] (the OpenAI-compatible
+//!   router) and [`epp`] (the gateway endpoint picker, gRPC); and [`admin`] (health, metrics).
+//! - [`config_sources`]: where the config comes from (a file, a ConfigMap).
+//! - [`serve`]: the command line, the listeners, leader election and graceful shutdown;
+//!   [`listen`] serves one listener under connection limits.
 
+pub mod admin;
+pub mod config_sources;
 pub mod core;
 pub mod epp;
-pub mod http;
 pub mod listen;
 pub mod proxy;
+pub mod scoring;
 pub mod serve;
-pub mod sources;

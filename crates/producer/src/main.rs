@@ -5,8 +5,8 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_producer::core::batch::{plan_input, PlanBounds, PlanInput};
 use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_producer::core::whole_batch::{plan_input, PlanBounds, PlanInput};
 use burst_prefix_producer::serve;
 use clap::{Parser, Subcommand};
 
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
             block_size_tokens,
             max_prefix_tokens,
         } => hash(block_size_tokens, max_prefix_tokens),
-        Command::Plan => plan(),
+        Command::Plan => plan_from_stdin(),
     };
     match result {
         Ok(output) => {
@@ -115,7 +115,7 @@ fn hash(block_size_tokens: i64, max_prefix_tokens: i64) -> Result<String, String
     Ok(serde_json::json!({"blockSizeTokens": block_size_tokens, "prompts": prompts}).to_string())
 }
 
-fn plan() -> Result<String, String> {
+fn plan_from_stdin() -> Result<String, String> {
     let input = read_stdin()?;
     let input = PlanInput::parse(&input).map_err(|e| format!("invalid plan input: {e}"))?;
     let output = plan_input(&input, &PlanBounds::NONE).map_err(|e| e.to_string())?;

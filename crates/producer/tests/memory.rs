@@ -123,7 +123,7 @@ async fn a_second_turn_goes_where_the_first_was_placed() {
     // An endpoint that leaves the config loses its model (and its series).
     local
         .producer()
-        .store
+        .config_store()
         .apply_text(&format!("windowDurationMs: 400\n{}", endpoints(3)))
         .unwrap();
     window_of(&local, vec![conversation(9, 1)]).await;

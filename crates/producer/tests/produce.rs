@@ -381,7 +381,7 @@ async fn a_config_change_applies_from_the_next_window() {
     let window = local.until_window_holds(1).await;
     local
         .producer()
-        .store
+        .config_store()
         .apply_text(
             &one.replace("ns/a-rank-0", "ns/b-rank-0")
                 .replace("1500", "20"),

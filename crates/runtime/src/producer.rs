@@ -1,18 +1,11 @@
-//! The producer's side of the contract with the operator: the ConfigMap key it reads, its
-//! default ports, and its command line as the operator renders it.
+//! The producer's side of the contract with the operator: the ConfigMap key it reads and its
+//! command line as the operator renders it (its default ports are `burst_prefix_api::ports`).
 
 use crate::flags;
 use crate::logging::LogFormat;
 
 /// The key of the producer config (YAML) in the ConfigMap the operator writes.
 pub const CONFIG_KEY: &str = "config.yaml";
-
-/// The default API (and proxy) port.
-pub const DEFAULT_PORT: u16 = 8080;
-/// The default admin port (`/healthz`, `/readyz`, `/metrics`).
-pub const DEFAULT_ADMIN_PORT: u16 = 9090;
-/// The default gRPC endpoint-picker port (the Gateway API Inference Extension's convention).
-pub const DEFAULT_EPP_PORT: u16 = 9002;
 
 /// How long the producer takes at most to exit after SIGTERM (`--shutdown-timeout-ms`).
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;

@@ -17,11 +17,11 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use burst_prefix_producer::core::batch::HashedRequest;
-use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_producer::core::ConfigOrigin;
 use burst_prefix_producer::core::{Limits, Producer};
-use burst_prefix_producer::http::response::ProduceResponse;
 use burst_prefix_producer::proxy::ProxyConfig;
+use burst_prefix_producer::scoring::response::ProduceResponse;
 use burst_prefix_producer::serve::{LogArgs, LogFormat, Role, Service};
 
 const MODEL: &str = "Qwen/Qwen2.5-Math-7B-Instruct";
@@ -204,9 +204,9 @@ pub fn run(args: DemoArgs) -> ExitCode {
 /// Starts the service on loopback, sends the burst at once, shuts down, and reports.
 pub async fn demo() -> Result<String, String> {
     let config = config();
-    let producer = Producer::new(ConfigSource::Demo, Limits::default());
+    let producer = Producer::new(ConfigOrigin::Demo, Limits::default());
     producer
-        .store
+        .config_store()
         .apply(config.clone())
         .map_err(|e| format!("the built-in config: {e}"))?;
     let service = Service::on_loopback(producer, ProxyConfig::default()).await?;

@@ -15,10 +15,10 @@ use serde::Serialize;
 
 use super::metrics::Metrics;
 
-/// Where the config comes from (shown by `GET /v1/endpoints`).
+/// Where the config in force came from (shown by `GET /v1/endpoints` and in logs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
-pub enum ConfigSource {
+pub enum ConfigOrigin {
     /// `--config FILE`, polled for changes.
     File { path: String },
     /// `--configmap NAMESPACE/NAME`, key `config.yaml`, watched through the Kubernetes API.
@@ -32,16 +32,16 @@ pub enum ConfigSource {
     Demo,
 }
 
-impl std::fmt::Display for ConfigSource {
+impl std::fmt::Display for ConfigOrigin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConfigSource::File { path } => write!(f, "file {path}"),
-            ConfigSource::ConfigMap {
+            ConfigOrigin::File { path } => write!(f, "file {path}"),
+            ConfigOrigin::ConfigMap {
                 namespace,
                 name,
                 key,
             } => write!(f, "configmap {namespace}/{name} key {key}"),
-            ConfigSource::Demo => write!(f, "built-in demo config"),
+            ConfigOrigin::Demo => write!(f, "built-in demo config"),
         }
     }
 }
@@ -108,14 +108,14 @@ pub enum Applied {
 }
 
 pub struct ConfigStore {
-    source: ConfigSource,
+    source: ConfigOrigin,
     current: RwLock<Option<Arc<Snapshot>>>,
     metrics: Arc<Metrics>,
 }
 
 impl ConfigStore {
     /// A store with no config yet (not ready until a source delivers one).
-    pub fn new(source: ConfigSource, metrics: Arc<Metrics>) -> Self {
+    pub fn new(source: ConfigOrigin, metrics: Arc<Metrics>) -> Self {
         ConfigStore {
             source,
             current: RwLock::new(None),
@@ -123,7 +123,7 @@ impl ConfigStore {
         }
     }
 
-    pub fn source(&self) -> &ConfigSource {
+    pub fn source(&self) -> &ConfigOrigin {
         &self.source
     }
 
@@ -215,7 +215,7 @@ mod tests {
     fn store() -> (ConfigStore, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());
         (
-            ConfigStore::new(ConfigSource::Demo, metrics.clone()),
+            ConfigStore::new(ConfigOrigin::Demo, metrics.clone()),
             metrics,
         )
     }
@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn the_source_serializes_with_its_kind() {
-        let source = ConfigSource::ConfigMap {
+        let source = ConfigOrigin::ConfigMap {
             namespace: "ns".into(),
             name: "cm".into(),
             key: "config.yaml".into(),
@@ -276,7 +276,7 @@ mod tests {
             serde_json::json!({"kind": "configMap", "namespace": "ns", "name": "cm", "key": "config.yaml"})
         );
         assert_eq!(
-            serde_json::to_value(ConfigSource::Demo).unwrap(),
+            serde_json::to_value(ConfigOrigin::Demo).unwrap(),
             serde_json::json!({"kind": "demo"})
         );
     }

@@ -1,15 +1,28 @@
-//! The core's one error: why a request could not be placed. Each front-end maps it to its
-//! protocol (a JSON error, the OpenAI error shape, an ext_proc `ImmediateResponse`).
+//! Why a request was not placed, for every front-end alike: the reason ([`PlaceError`]) with its
+//! stable code, HTTP status and retry advice, and the proof that it was counted ([`Refused`]).
+//! Each front-end turns a [`Refused`] into its protocol (a JSON error, the OpenAI error shape,
+//! an ext_proc `ImmediateResponse`) and never decides a status of its own.
 
 use std::time::Duration;
+
+use http::StatusCode;
 
 use super::request::RequestError;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlaceError {
-    /// The body is not an inference request; the message names the field.
+    /// The body (or a hint) is not a valid inference request; the message names the field.
     #[error("{0}")]
     BadRequest(#[from] RequestError),
+    #[error("the request body is larger than the limit of {limit} bytes (--max-body-bytes)")]
+    BodyTooLarge { limit: usize },
+    #[error("the request body could not be read: {0}")]
+    BodyUnreadable(String),
+    /// The gateway sends the body in a way a router by prompt cannot use.
+    #[error(
+        "request_body_mode {mode} cannot be routed by prompt; configure FULL_DUPLEX_STREAMED or BUFFERED"
+    )]
+    UnsupportedBodyMode { mode: i32 },
     #[error("no endpoints are known yet: no valid config with at least one endpoint is loaded")]
     NoEndpoints,
     /// None of the endpoints the request (or its gateway) allows is in the config in force.
@@ -25,7 +38,8 @@ pub enum PlaceError {
     WindowFull { limit: usize, retry_after: Duration },
     #[error("the service is shutting down")]
     ShuttingDown,
-    /// Another replica holds the Lease and plans the windows (SPEC §10).
+    /// Another replica holds the Lease and plans the windows (docs/behaviour.md, "High
+    /// availability").
     #[error(
         "this producer replica is a follower; the leader serves (retry: the Service routes to it)"
     )]
@@ -40,6 +54,9 @@ impl PlaceError {
     pub fn code(&self) -> &'static str {
         match self {
             PlaceError::BadRequest(error) => error.code(),
+            PlaceError::BodyTooLarge { .. } => "body_too_large",
+            PlaceError::BodyUnreadable(_) => "invalid_body",
+            PlaceError::UnsupportedBodyMode { .. } => "unsupported_body_mode",
             PlaceError::NoEndpoints => "no_endpoints",
             PlaceError::NoEligibleEndpoint => "no_eligible_endpoint",
             PlaceError::BatchFull { .. } => "batch_full",
@@ -47,6 +64,24 @@ impl PlaceError {
             PlaceError::ShuttingDown => "shutting_down",
             PlaceError::NotLeader => "not_leader",
             PlaceError::Abandoned => "internal",
+        }
+    }
+
+    /// The HTTP status every front-end answers this refusal with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            PlaceError::BadRequest(_) | PlaceError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
+            PlaceError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            PlaceError::BatchFull { .. } | PlaceError::WindowFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            PlaceError::NoEndpoints
+            | PlaceError::NoEligibleEndpoint
+            | PlaceError::ShuttingDown
+            | PlaceError::NotLeader => StatusCode::SERVICE_UNAVAILABLE,
+            PlaceError::UnsupportedBodyMode { .. } | PlaceError::Abandoned => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -61,11 +96,54 @@ impl PlaceError {
             _ => None,
         }
     }
+
+    /// `Retry-After` in whole seconds, rounded up, at least 1.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after()
+            .map(|after| after.as_secs_f64().ceil().max(1.0) as u64)
+    }
+
+    /// The field a bad request is about (the OpenAI error shape's `param`).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            PlaceError::BadRequest(error) => Some(error.field()),
+            _ => None,
+        }
+    }
+
+    /// A message for the client: internal details stay in the producer's log.
+    pub fn client_message(&self) -> String {
+        match self {
+            PlaceError::Abandoned => "internal error; see the producer's log".to_string(),
+            other => other.to_string(),
+        }
+    }
 }
 
-/// `Retry-After` is in whole seconds: round up, at least 1.
-pub fn retry_after_seconds(retry_after: Duration) -> u64 {
-    retry_after.as_secs_f64().ceil().max(1.0) as u64
+/// A refusal that was counted (`burst_prefix_requests_total{outcome="rejected"}`). Only the core
+/// makes one ([`super::Producer::place`], [`super::Producer::refuse`], the routing calls), so a
+/// front-end cannot answer a refusal without counting it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(PlaceError);
+
+impl Refused {
+    /// Only the core counts: see [`super::Producer::refuse`].
+    pub(super) fn counted(error: PlaceError) -> Self {
+        Refused(error)
+    }
+
+    pub fn error(&self) -> &PlaceError {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Refused {
+    type Target = PlaceError;
+
+    fn deref(&self) -> &PlaceError {
+        &self.0
+    }
 }
 
 #[cfg(test)]
@@ -74,9 +152,14 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {
-        assert_eq!(retry_after_seconds(Duration::ZERO), 1);
-        assert_eq!(retry_after_seconds(Duration::from_millis(40)), 1);
-        assert_eq!(retry_after_seconds(Duration::from_millis(1001)), 2);
+        let after = |ms| PlaceError::BatchFull {
+            limit: 1,
+            retry_after: Duration::from_millis(ms),
+        };
+        assert_eq!(after(0).retry_after_seconds(), Some(1));
+        assert_eq!(after(40).retry_after_seconds(), Some(1));
+        assert_eq!(after(1001).retry_after_seconds(), Some(2));
+        assert_eq!(PlaceError::NoEligibleEndpoint.retry_after_seconds(), None);
     }
 
     #[test]
@@ -86,8 +169,20 @@ mod tests {
             retry_after: Duration::from_millis(10),
         };
         assert_eq!(error.code(), "batch_full");
+        assert_eq!(error.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(error.to_string().contains("maxBatchSize = 7"));
         assert_eq!(error.retry_after(), Some(Duration::from_millis(10)));
-        assert_eq!(PlaceError::NoEligibleEndpoint.retry_after(), None);
+    }
+
+    #[test]
+    fn internal_details_are_not_shown_to_clients() {
+        assert_eq!(
+            PlaceError::Abandoned.client_message(),
+            "internal error; see the producer's log"
+        );
+        assert_eq!(
+            PlaceError::Abandoned.status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! the admin port as `GET /metrics`.
 
 use prometheus::core::Collector;
+
+use super::window::SealReason;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -27,41 +29,6 @@ impl Outcome {
             Outcome::NoAffinity => "no_affinity",
             Outcome::Rejected => "rejected",
             Outcome::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// Why a window was sealed (`burst_prefix_windows_sealed_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SealReason {
-    /// `windowDurationMs` passed.
-    Timer,
-    /// Every group whose size a client hinted was complete.
-    Hints,
-    /// No request arrived for `idleSealMs`.
-    Idle,
-    /// It held `maxBatchSize` requests.
-    Full,
-    /// The producer was shutting down.
-    Shutdown,
-}
-
-impl SealReason {
-    pub const ALL: [SealReason; 5] = [
-        SealReason::Timer,
-        SealReason::Hints,
-        SealReason::Idle,
-        SealReason::Full,
-        SealReason::Shutdown,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            SealReason::Timer => "timer",
-            SealReason::Hints => "hints",
-            SealReason::Idle => "idle",
-            SealReason::Full => "full",
-            SealReason::Shutdown => "shutdown",
         }
     }
 }

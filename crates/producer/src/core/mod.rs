@@ -1,61 +1,52 @@
-//! The producer's core: one operation, [`Producer::place`], that every front-end calls.
+//! The producer's core: every rule a request meets, behind the operations the front-ends call.
 //!
-//! Follow one request: [`request`] parses the body into prompts, [`window`] hashes it under the
-//! window's config and holds it until the window is sealed, [`batch`] maps the window onto the
-//! planner and back to endpoint ids, and the caller gets a [`Placement`]. Around it:
-//! [`config_store`] (the config in force, fed by a config source) and [`metrics`].
+//! Follow one request (docs/architecture.md): a front-end reads its body and hints and calls
+//! [`Producer::place`]; [`request`] parses the body into prompts, [`window`] hashes them under
+//! the window's config and holds the request until the window is sealed, [`planning`] plans the
+//! sealed window (through [`batch`], onto the planner), and the request gets its [`placement`].
+//! The front-end then asks [`Producer::route`] where to send it ([`routing`]: its endpoint, then
+//! fallbacks, from what [`live`] knows of each endpoint) and answers in its protocol. Every
+//! refusal on the way is a [`PlaceError`], counted once as a [`Refused`].
+//!
+//! Around the path: [`config_store`] (the config in force, fed by a config source), [`limits`],
+//! [`hints`], [`metrics`], and [`whole_batch`] (a whole batch planned at once: `POST /v1/plan`
+//! and the `plan` subcommand).
 
 pub mod batch;
+pub mod body;
 pub mod config_store;
-pub mod endpoints;
 pub mod error;
-pub mod memory;
+pub mod hints;
+pub mod limits;
+pub mod live;
 pub mod metrics;
+pub mod placement;
+pub mod planning;
 pub mod request;
+pub mod routing;
+pub mod whole_batch;
 pub mod window;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-pub use error::PlaceError;
-pub use window::Placement;
+use burst_prefix_api::Endpoint;
+
+pub use config_store::{ConfigOrigin, Snapshot};
+pub use error::{PlaceError, Refused};
+pub use hints::Hints;
+pub use limits::Limits;
+pub use live::InFlight;
+pub use placement::Placement;
+pub use routing::Route;
 
 use batch::HashedRequest;
-use config_store::{ConfigSource, ConfigStore, Snapshot};
-use endpoints::LiveEndpoints;
+use config_store::ConfigStore;
+use live::LiveEndpoints;
 use metrics::{Metrics, Outcome};
-use request::{Hints, InferenceRequest};
+use request::InferenceRequest;
 use window::Window;
-
-/// Default limit of a request body: 8 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
-/// Default budget of the bytes the open window holds: 256 MiB.
-pub const DEFAULT_MAX_WINDOW_BYTES: usize = 256 * 1024 * 1024;
-
-/// Limits every front-end applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest request body accepted, in bytes.
-    pub max_body_bytes: usize,
-    /// Most bytes the open window holds: its requests' hashes, and the bodies front-ends keep
-    /// while their requests wait; beyond, `window_full`.
-    pub max_window_bytes: usize,
-    /// Most replicas a `POST /v1/plan` batch may name.
-    pub max_plan_replicas: usize,
-}
-
-/// Default of `--max-plan-replicas`.
-pub const DEFAULT_MAX_PLAN_REPLICAS: usize = 10_000;
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            max_window_bytes: DEFAULT_MAX_WINDOW_BYTES,
-            max_plan_replicas: DEFAULT_MAX_PLAN_REPLICAS,
-        }
-    }
-}
 
 /// One request to place, as a front-end received it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,23 +63,25 @@ pub struct PlaceRequest<'a> {
     pub held_bytes: usize,
 }
 
-/// One running producer: the config in force, the window and the metrics.
+/// One running producer: the config in force, the window, what it knows live of each endpoint,
+/// and the metrics. Cheap to clone (shared state).
 #[derive(Clone)]
 pub struct Producer {
-    pub store: Arc<ConfigStore>,
-    pub window: Arc<Window>,
-    pub live: Arc<LiveEndpoints>,
-    pub metrics: Arc<Metrics>,
-    pub limits: Limits,
-    /// Whether this replica leads (SPEC §10); true unless leader election says otherwise.
+    store: Arc<ConfigStore>,
+    window: Arc<Window>,
+    live: Arc<LiveEndpoints>,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    /// Whether this replica leads (docs/behaviour.md, "High availability"); true unless leader
+    /// election says otherwise.
     leading: Arc<AtomicBool>,
 }
 
 impl Producer {
-    /// A producer with no config yet; a config source fills `store`.
-    pub fn new(source: ConfigSource, limits: Limits) -> Self {
+    /// A producer with no config yet; a config source fills it through [`Producer::config_store`].
+    pub fn new(origin: ConfigOrigin, limits: Limits) -> Self {
         let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(source, metrics.clone()));
+        let store = Arc::new(ConfigStore::new(origin, metrics.clone()));
         let live = Arc::new(LiveEndpoints::default());
         let window = Window::new(
             store.clone(),
@@ -96,15 +89,40 @@ impl Producer {
             metrics.clone(),
             limits.max_window_bytes,
         );
-        let leading = Arc::new(AtomicBool::new(true));
         Producer {
             store,
             window,
             live,
             metrics,
             limits,
-            leading,
+            leading: Arc::new(AtomicBool::new(true)),
         }
+    }
+
+    /// A producer serving `yaml` (a valid producer config) from the start: for the demo, tests
+    /// and benches.
+    pub fn with_config(yaml: &str, limits: Limits) -> Result<Self, String> {
+        let producer = Producer::new(ConfigOrigin::Demo, limits);
+        producer.store.apply_text(yaml).map_err(|e| e.to_string())?;
+        Ok(producer)
+    }
+
+    /// Where config sources deliver the config.
+    pub fn config_store(&self) -> &Arc<ConfigStore> {
+        &self.store
+    }
+
+    /// The config in force, if one was accepted.
+    pub fn config(&self) -> Option<Arc<Snapshot>> {
+        self.store.current()
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Ready: a valid config with at least one endpoint is in force, this replica leads, and
@@ -137,15 +155,28 @@ impl Producer {
         self.metrics.leading.set(i64::from(leading));
     }
 
-    /// Parses the body, joins the open window and waits until it is planned. Refusals are
-    /// counted (`burst_prefix_requests_total{outcome="rejected"}`). If the caller drops the
-    /// future before the window is sealed, the request leaves the window: it is never planned.
-    pub async fn place(&self, request: PlaceRequest<'_>) -> Result<Placement, PlaceError> {
-        let result = self.join_and_wait(request).await;
-        if result.is_err() {
-            self.metrics.request(Outcome::Rejected);
-        }
-        result
+    /// The open window's id and live request count, if one is open.
+    pub fn open_window(&self) -> Option<(u64, usize)> {
+        self.window.open_requests()
+    }
+
+    /// True once [`Producer::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.window.is_closed()
+    }
+
+    /// Refuses new requests from now on, and seals, plans and answers the open window.
+    pub async fn close(&self) {
+        self.window.close().await;
+    }
+
+    /// Parses the body, joins the open window and waits until it is planned. If the caller
+    /// drops the future before the window is sealed, the request leaves the window: it is never
+    /// planned.
+    pub async fn place(&self, request: PlaceRequest<'_>) -> Result<Placement, Refused> {
+        self.join_and_wait(request)
+            .await
+            .map_err(|error| self.refuse(error))
     }
 
     async fn join_and_wait(&self, request: PlaceRequest<'_>) -> Result<Placement, PlaceError> {
@@ -153,46 +184,90 @@ impl Producer {
             // Windows are the leader's: a follower that planned too would split bursts.
             return Err(PlaceError::NotLeader);
         }
+        self.limits.check_body(request.body.len())?;
         let ticket = {
             // The parsed request borrows the body; it is gone once the hashes are in the window.
             let parsed = InferenceRequest::parse(request.body)?;
-            let group_size = request.hints.group_size.or(parsed.hints.group_size);
+            let group_size = request.hints.or(parsed.hints).group_size;
             self.window
                 .join(group_size, request.held_bytes, |snapshot| {
                     let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
                     if let Some(subset) = request.subset {
-                        hashed.endpoints = Some(allowed_by_subset(snapshot, subset, &hashed)?);
+                        let allowed =
+                            routing::ids_in_subset(snapshot, subset, hashed.endpoints.as_deref());
+                        if allowed.is_empty() {
+                            return Err(PlaceError::NoEligibleEndpoint);
+                        }
+                        hashed.endpoints = Some(allowed);
                     }
                     Ok(hashed)
                 })?
         };
         ticket.placement().await.map_err(|_| PlaceError::Abandoned)
     }
-}
 
-/// The endpoint ids of `snapshot` whose address is in `subset` (and in the request's own list,
-/// when it has one); none is an error.
-fn allowed_by_subset(
-    snapshot: &Snapshot,
-    subset: &[String],
-    request: &HashedRequest,
-) -> Result<Vec<String>, PlaceError> {
-    let allowed: Vec<String> = snapshot
-        .config
-        .endpoints
-        .iter()
-        .filter(|endpoint| subset.contains(&endpoint.address))
-        .filter(|endpoint| {
-            request
-                .endpoints
-                .as_ref()
-                .is_none_or(|ids| ids.contains(&endpoint.id))
-        })
-        .map(|endpoint| endpoint.id.clone())
-        .collect();
-    if allowed.is_empty() {
-        Err(PlaceError::NoEligibleEndpoint)
-    } else {
-        Ok(allowed)
+    /// Where a placed request goes: its endpoint, then at most `fallbacks` others to try in
+    /// order (the docs' "Routing after placement").
+    pub fn route(&self, placement: &Placement, fallbacks: usize) -> Result<Route, Refused> {
+        routing::of_placement(&self.live, placement, fallbacks, Instant::now())
+            .ok_or_else(|| self.refuse(PlaceError::NoEligibleEndpoint))
+    }
+
+    /// Where a request goes that is routed without a prompt (`GET /v1/models`, a body-less
+    /// request at the endpoint picker): at most `count` usable endpoints whose address `subset`
+    /// allows, fewest requests in flight first.
+    pub fn route_by_load(&self, subset: Option<&[String]>, count: usize) -> Result<Route, Refused> {
+        let snapshot = self
+            .store
+            .current()
+            .filter(|s| !s.config.endpoints.is_empty())
+            .ok_or_else(|| self.refuse(PlaceError::NoEndpoints))?;
+        routing::by_load_only(&self.live, &snapshot, subset, count, Instant::now())
+            .ok_or_else(|| self.refuse(PlaceError::NoEligibleEndpoint))
+    }
+
+    /// Counts a front-end's refusal of a request (one it could not read, or will not route);
+    /// the only way a front-end gets a [`Refused`] to answer with.
+    pub fn refuse(&self, error: PlaceError) -> Refused {
+        self.metrics.request(Outcome::Rejected);
+        if matches!(error, PlaceError::Abandoned) {
+            tracing::error!(%error, "internal error");
+        }
+        Refused::counted(error)
+    }
+
+    /// Counts a request in flight through endpoint `id` (for planning and routing) until the
+    /// guard is dropped.
+    pub fn start_in_flight(&self, id: &str) -> InFlight {
+        self.live.start(id)
+    }
+
+    /// Requests in flight through endpoint `id` now.
+    pub fn in_flight(&self, id: &str) -> u64 {
+        self.live.in_flight(id)
+    }
+
+    /// Leaves endpoint `id` out of planning and routing for `cooldown`, after it refused a
+    /// request (`reason`).
+    pub fn cool_down(&self, id: &str, cooldown: Duration, reason: &str) {
+        self.live.cool_down(id, Instant::now() + cooldown);
+        self.metrics.upstream_cooldown(id);
+        tracing::warn!(
+            endpoint = id,
+            reason,
+            cooldown_ms = cooldown.as_millis() as u64,
+            "upstream refused; left out of planning and routing for the cool-down"
+        );
+    }
+
+    /// The endpoint of the config in force at `address` (`ip:port`).
+    pub fn endpoint_at(&self, address: &str) -> Option<Endpoint> {
+        self.store
+            .current()?
+            .config
+            .endpoints
+            .iter()
+            .find(|e| e.address == address)
+            .cloned()
     }
 }

@@ -25,15 +25,16 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use burst_prefix_planner::{BlockHash, Plan, Replica};
+use burst_prefix_planner::BlockHash;
 use tokio::sync::oneshot;
 
 use super::batch::HashedRequest;
 use super::config_store::{ConfigStore, Snapshot};
-use super::endpoints::LiveEndpoints;
 use super::error::PlaceError;
-use super::memory::{PlannerMemory, RequestHeld, WindowHeld};
-use super::metrics::{Metrics, Outcome, SealReason};
+use super::live::LiveEndpoints;
+use super::metrics::{Metrics, Outcome};
+use super::placement::{Placement, RequestHeld};
+use super::planning::{WindowPlan, WindowPlanner};
 
 /// How long before a window's deadline the (millisecond-granular) tokio timer wakes; the rest
 /// is slept precisely on the planning thread.
@@ -42,38 +43,37 @@ const TIMER_SLACK: Duration = Duration::from_millis(2);
 /// Windows sealed but not yet released beyond which a full window is not sealed early.
 const MAX_SEALED: usize = 2;
 
-/// What a request gets when its window is planned.
-#[derive(Clone, Debug)]
-pub struct Placement {
-    /// Index into `snapshot.config.endpoints`, or `None` for no affinity.
-    pub assigned: Option<usize>,
-    pub total_blocks: usize,
-    /// Its group of identical prompts (the last block hash; 0 without blocks): members of one
-    /// group fail over to the same replica.
-    pub group: u64,
-    /// The endpoint ids the request may use; `None`: all.
-    pub endpoints: Option<Vec<String>>,
-    pub window_id: u64,
-    /// Requests planned in the window (cancelled ones excluded).
-    pub window_size: usize,
-    /// From joining the window to being released.
-    pub waited: Duration,
-    /// Why the window was sealed.
-    pub sealed_by: SealReason,
-    /// The config the window was planned with.
-    pub snapshot: Arc<Snapshot>,
-    /// With memory (SPEC §7): what each endpoint held of the request when it was placed.
-    pub memory: Option<RequestHeld>,
+/// Why a window was sealed (`burst_prefix_windows_sealed_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SealReason {
+    /// `windowDurationMs` passed.
+    Timer,
+    /// Every group whose size a client hinted was complete.
+    Hints,
+    /// No request arrived for `idleSealMs`.
+    Idle,
+    /// It held `maxBatchSize` requests.
+    Full,
+    /// The producer was shutting down.
+    Shutdown,
 }
 
-impl Placement {
-    /// `matchBlocks` for endpoint `endpoint` (a config index), SPEC §5: every block on the
-    /// assigned replica; elsewhere, with memory, the leading blocks the endpoint held; else 0.
-    pub fn match_blocks(&self, endpoint: usize) -> usize {
-        if self.assigned == Some(endpoint) {
-            self.total_blocks
-        } else {
-            self.memory.as_ref().map_or(0, |held| held.blocks(endpoint))
+impl SealReason {
+    pub const ALL: [SealReason; 5] = [
+        SealReason::Timer,
+        SealReason::Hints,
+        SealReason::Idle,
+        SealReason::Full,
+        SealReason::Shutdown,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SealReason::Timer => "timer",
+            SealReason::Hints => "hints",
+            SealReason::Idle => "idle",
+            SealReason::Full => "full",
+            SealReason::Shutdown => "shutdown",
         }
     }
 }
@@ -86,7 +86,7 @@ pub struct Window {
     state: Mutex<State>,
     /// Held while a window is planned: windows are planned one at a time, each with the
     /// policy's memory of the earlier ones.
-    planning: Mutex<PlannerMemory>,
+    planning: Mutex<WindowPlanner>,
     store: Arc<ConfigStore>,
     live: Arc<LiveEndpoints>,
     metrics: Arc<Metrics>,
@@ -198,7 +198,7 @@ impl Window {
     ) -> Arc<Self> {
         Arc::new(Window {
             state: Mutex::new(State::default()),
-            planning: Mutex::new(PlannerMemory::new(metrics.registry())),
+            planning: Mutex::new(WindowPlanner::new(metrics.registry())),
             store,
             live,
             metrics,
@@ -454,8 +454,7 @@ impl Window {
     /// (also off the async workers; the next window's planning does it if it gets there first).
     async fn plan_and_release(self: Arc<Self>, sealed: Sealed) {
         let window = self.clone();
-        let planned =
-            tokio::task::spawn_blocking(move || plan(sealed, &window.live, &mut window.planning()));
+        let planned = tokio::task::spawn_blocking(move || window.plan(sealed));
         let result = planned.await;
         self.lock().sealed -= 1;
         match result {
@@ -471,8 +470,35 @@ impl Window {
         }
     }
 
-    /// The planner's memory, for one window's planning or merge at a time.
-    fn planning(&self) -> std::sync::MutexGuard<'_, PlannerMemory> {
+    /// Plans a sealed window (`None` when all its requests went away).
+    fn plan(&self, sealed: Sealed) -> Option<Planned> {
+        if sealed.slots.is_empty() {
+            tracing::debug!(
+                window = sealed.id,
+                "every request of the window went away; nothing to plan"
+            );
+            return None;
+        }
+        let (requests, waiters): (Vec<HashedRequest>, Vec<_>) = sealed
+            .slots
+            .into_iter()
+            .map(|slot| (slot.request, (slot.joined, slot.reply)))
+            .unzip();
+        let plan = self
+            .planning()
+            .plan_window(&sealed.snapshot, &requests, &self.live);
+        Some(Planned {
+            id: sealed.id,
+            reason: sealed.reason,
+            snapshot: sealed.snapshot,
+            requests,
+            waiters,
+            plan,
+        })
+    }
+
+    /// The planner, for one window's planning or merge at a time.
+    fn planning(&self) -> std::sync::MutexGuard<'_, WindowPlanner> {
         self.planning
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -498,53 +524,7 @@ struct Planned {
     snapshot: Arc<Snapshot>,
     requests: Vec<HashedRequest>,
     waiters: Vec<(Instant, oneshot::Sender<Placement>)>,
-    plan: Plan,
-    held: Option<Arc<WindowHeld>>,
-    plan_seconds: f64,
-}
-
-/// Plans a sealed window (`None` when all its requests went away) on the endpoints usable now,
-/// with their requests in flight as running requests.
-fn plan(sealed: Sealed, live: &LiveEndpoints, memory: &mut PlannerMemory) -> Option<Planned> {
-    if sealed.slots.is_empty() {
-        tracing::debug!(
-            window = sealed.id,
-            "every request of the window went away; nothing to plan"
-        );
-        return None;
-    }
-    let started = Instant::now();
-    let (requests, waiters): (Vec<HashedRequest>, Vec<_>) = sealed
-        .slots
-        .into_iter()
-        .map(|slot| (slot.request, (slot.joined, slot.reply)))
-        .unzip();
-    let endpoints = &sealed.snapshot.config.endpoints;
-    let usable = live.usable(endpoints, started);
-    let replicas: Vec<Replica<'_>> = usable
-        .iter()
-        .map(|&i| Replica {
-            id: &endpoints[i].id,
-            running_requests: endpoints[i].running_requests.unwrap_or(0)
-                + live.in_flight(&endpoints[i].id),
-        })
-        .collect();
-    let mut plan = memory.plan(&sealed.snapshot, &replicas, &requests);
-    // Back from the usable list to the config's endpoint indices.
-    for assigned in plan.assignments.iter_mut().flatten() {
-        *assigned = usable[*assigned];
-    }
-    let held = WindowHeld::new(std::mem::take(&mut plan.held), usable);
-    Some(Planned {
-        id: sealed.id,
-        reason: sealed.reason,
-        plan_seconds: started.elapsed().as_secs_f64(),
-        snapshot: sealed.snapshot,
-        requests,
-        waiters,
-        plan,
-        held,
-    })
+    plan: WindowPlan,
 }
 
 /// Releases every waiter of a planned window at once.
@@ -554,7 +534,7 @@ fn release(planned: Planned, metrics: &Metrics) {
     let (mut assigned, mut no_affinity, mut cancelled) = (0, 0, 0);
     let members = planned.requests.into_iter().zip(planned.waiters);
     for (index, ((request, (joined, reply)), replica)) in
-        members.zip(&planned.plan.assignments).enumerate()
+        members.zip(&planned.plan.plan.assignments).enumerate()
     {
         let waited = released.saturating_duration_since(joined);
         let placement = Placement {
@@ -567,7 +547,7 @@ fn release(planned: Planned, metrics: &Metrics) {
             waited,
             sealed_by: planned.reason,
             snapshot: planned.snapshot.clone(),
-            memory: RequestHeld::new(&planned.held, index),
+            memory: RequestHeld::new(&planned.plan.held, index),
         };
         metrics.request_wait_seconds.observe(waited.as_secs_f64());
         if reply.send(placement).is_err() {
@@ -582,8 +562,8 @@ fn release(planned: Planned, metrics: &Metrics) {
     metrics.requests(Outcome::NoAffinity, no_affinity);
     metrics.requests(Outcome::Cancelled, cancelled);
     metrics.window_size.observe(size as f64);
-    metrics.window_plan_seconds.observe(planned.plan_seconds);
-    let plan = &planned.plan;
+    metrics.window_plan_seconds.observe(planned.plan.seconds);
+    let plan = &planned.plan.plan;
     metrics.units(plan.group_units as u64, plan.single_units as u64);
     tracing::debug!(
         window = planned.id,
@@ -593,7 +573,7 @@ fn release(planned: Planned, metrics: &Metrics) {
         no_affinity,
         groups = plan.group_units,
         singles = plan.single_units,
-        plan_ms = planned.plan_seconds * 1e3,
+        plan_ms = planned.plan.seconds * 1e3,
         generation = planned.snapshot.generation,
         "window planned"
     );
@@ -633,12 +613,12 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::ConfigSource;
+    use crate::core::config_store::ConfigOrigin;
     use crate::core::request::InferenceRequest;
 
     fn window(yaml: &str) -> (Arc<Window>, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(ConfigSource::Demo, metrics.clone()));
+        let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(yaml).unwrap();
         let window = Window::new(store, Arc::default(), metrics.clone(), usize::MAX);
         (window, metrics)
@@ -751,7 +731,7 @@ mod tests {
     #[tokio::test]
     async fn the_byte_budget_refuses_beyond_it_but_always_takes_one() {
         let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(ConfigSource::Demo, metrics.clone()));
+        let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(&TWO.replace("20", "10000")).unwrap();
         let window = Window::new(store, Arc::default(), metrics, 1000);
         let big = window.join(None, 5000, hasher("x")).unwrap();
@@ -847,7 +827,7 @@ mod tests {
     #[tokio::test]
     async fn a_config_change_rehashes_into_the_new_window() {
         let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(ConfigSource::Demo, metrics.clone()));
+        let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(TWO).unwrap();
         let window = Window::new(store.clone(), Arc::default(), metrics, usize::MAX);
         let first = join(&window, "0123456789abcdef");

@@ -23,15 +23,15 @@ pub const DESTINATION_KEY: &str = "x-gateway-destination-endpoint";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 
 /// The value of header `name` (lowercase), from `raw_value` or `value`.
-pub fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+pub fn header_bytes<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a [u8]> {
     let header = headers?
         .headers
         .iter()
         .find(|h| h.key.eq_ignore_ascii_case(name))?;
     if header.raw_value.is_empty() {
-        Some(header.value.as_str())
+        Some(header.value.as_bytes())
     } else {
-        std::str::from_utf8(&header.raw_value).ok()
+        Some(&header.raw_value)
     }
 }
 

@@ -27,7 +27,7 @@
 pub mod messages;
 
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
@@ -42,12 +42,7 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 
-use crate::core::endpoints::InFlight;
-use crate::core::error::retry_after_seconds;
-use crate::core::request::{Hints, RequestError};
-use crate::core::{PlaceError, PlaceRequest, Producer};
-use crate::http::error::place_status;
-use crate::http::GROUP_SIZE_HEADER;
+use crate::core::{Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route};
 use messages::Routing;
 
 /// The gRPC service name of the ext_proc service, as health checks name it.
@@ -227,9 +222,12 @@ impl HttpStream {
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
                 self.subset = messages::subset(metadata);
-                match self.header_hints(headers.headers.as_ref()) {
+                let hints = Hints::from_header_values(|name| {
+                    messages::header_bytes(headers.headers.as_ref(), name)
+                });
+                match hints {
                     Ok(hints) => self.hints = hints,
-                    Err(error) => return self.refuse(&PlaceError::BadRequest(error)).await,
+                    Err(error) => return self.refuse(error.into()).await,
                 }
                 match self.request_mode {
                     _ if headers.end_of_stream => self.route_without_body().await,
@@ -240,32 +238,19 @@ impl HttpStream {
                     }
                     BodyMode::FullDuplex => Ok(()),
                     BodyMode::Unsupported(mode) => {
-                        self.immediate(
-                            500,
-                            "unsupported_body_mode",
-                            &format!(
-                                "request_body_mode {mode} cannot be routed by prompt; \
-                                 configure FULL_DUPLEX_STREAMED or BUFFERED"
-                            ),
-                            None,
-                        )
-                        .await
+                        self.refuse(PlaceError::UnsupportedBodyMode { mode }).await
                     }
                 }
             }
             Some(Request::RequestBody(body)) if !self.decided => {
-                self.body.extend_from_slice(&body.body);
-                let limit = self.producer.limits.max_body_bytes;
-                if self.body.len() > limit {
-                    return self
-                        .immediate(
-                            413,
-                            "body_too_large",
-                            &format!("the request body is larger than the limit of {limit} bytes"),
-                            None,
-                        )
-                        .await;
+                if let Err(error) = self
+                    .producer
+                    .limits()
+                    .check_body(self.body.len() + body.body.len())
+                {
+                    return self.refuse(error).await;
                 }
+                self.body.extend_from_slice(&body.body);
                 if body.end_of_stream {
                     self.route_with_body(true).await
                 } else {
@@ -299,47 +284,17 @@ impl HttpStream {
         }
     }
 
-    fn header_hints(
-        &self,
-        headers: Option<&envoy_types::pb::envoy::config::core::v3::HeaderMap>,
-    ) -> Result<Hints, RequestError> {
-        let Some(value) = messages::header(headers, GROUP_SIZE_HEADER) else {
-            return Ok(Hints::default());
-        };
-        let group_size = value.trim().parse().map_err(|_| RequestError::Field {
-            field: format!("header {GROUP_SIZE_HEADER}"),
-            problem: format!("expected an integer >= 1, got {value:?}"),
-        })?;
-        Ok(Hints {
-            group_size: Some(group_size),
-        })
-    }
-
-    /// A request without a body: the least busy usable candidate.
+    /// A request without a body: the least busy usable candidates.
     async fn route_without_body(&mut self) -> Result<(), Ended> {
-        let Some(snapshot) = self
+        let route = match self
             .producer
-            .store
-            .current()
-            .filter(|s| !s.config.endpoints.is_empty())
-        else {
-            return self.refuse(&PlaceError::NoEndpoints).await;
+            .route_by_load(self.subset.as_deref(), MAX_DESTINATIONS)
+        {
+            Ok(route) => route,
+            Err(refused) => return self.answer_refused(refused).await,
         };
-        let endpoints = &snapshot.config.endpoints;
-        let subset = self.subset.as_deref();
-        let order = self.producer.live.by_load(endpoints, Instant::now(), |i| {
-            subset.is_none_or(|s| s.contains(&endpoints[i].address))
-        });
-        if order.is_empty() {
-            return self.refuse(&PlaceError::NoEligibleEndpoint).await;
-        }
-        let picked: Vec<&str> = order
-            .iter()
-            .take(MAX_DESTINATIONS)
-            .map(|&i| endpoints[i].address.as_str())
-            .collect();
-        self.start_in_flight(&endpoints[order[0]].id);
-        let routing = Routing::new(&picked.join(","), None);
+        self.start_in_flight(&route.first().id);
+        let routing = Routing::new(&route.addresses(), None);
         self.decided = true;
         self.send(messages::request_headers(
             routing.mutation,
@@ -363,27 +318,16 @@ impl HttpStream {
             placement = place => placement,
             () = self.responses.closed() => return Err(Ended),
         };
-        let placement = match placement {
-            Ok(placement) => placement,
-            Err(error) => return self.refuse(&error).await,
+        let route: Result<Route, Refused> =
+            placement.and_then(|placement| self.producer.route(&placement, MAX_DESTINATIONS - 1));
+        let route = match route {
+            Ok(route) => route,
+            Err(refused) => return self.answer_refused(refused).await,
         };
-        let live = &self.producer.live;
-        let now = Instant::now();
-        let Some(first) = live.destination(&placement, now) else {
-            return self.refuse(&PlaceError::NoEligibleEndpoint).await;
-        };
-        let endpoints = &placement.snapshot.config.endpoints;
-        let mut picked = vec![endpoints[first].address.as_str()];
-        picked.extend(
-            live.fallbacks(&placement, &[first], now)
-                .into_iter()
-                .take(MAX_DESTINATIONS - 1)
-                .map(|i| endpoints[i].address.as_str()),
-        );
-        let destinations = picked.join(",");
-        self.start_in_flight(&endpoints[first].id);
+        let destinations = route.addresses();
+        self.start_in_flight(&route.first().id);
         self.decided = true;
-        tracing::debug!(window = placement.window_id, %destinations, "picked");
+        tracing::debug!(%destinations, "picked");
         match self.request_mode {
             BodyMode::Buffered => {
                 let routing = Routing::new(&destinations, None);
@@ -411,23 +355,15 @@ impl HttpStream {
     }
 
     fn start_in_flight(&mut self, id: &str) {
-        self.in_flight = Some((id.to_string(), self.producer.live.start(id)));
+        self.in_flight = Some((id.to_string(), self.producer.start_in_flight(id)));
     }
 
     /// The data plane says which endpoint served: count it, and move the in-flight count there.
     fn count_served(&mut self, address: &str) {
-        let Some(snapshot) = self.producer.store.current() else {
+        let Some(endpoint) = self.producer.endpoint_at(address) else {
             return;
         };
-        let Some(endpoint) = snapshot
-            .config
-            .endpoints
-            .iter()
-            .find(|e| e.address == address)
-        else {
-            return;
-        };
-        self.producer.metrics.epp_served(&endpoint.id);
+        self.producer.metrics().epp_served(&endpoint.id);
         if self
             .in_flight
             .as_ref()
@@ -437,25 +373,24 @@ impl HttpStream {
         }
     }
 
-    async fn refuse(&mut self, error: &PlaceError) -> Result<(), Ended> {
-        let status = place_status(error).as_u16();
-        let retry_after = error.retry_after().map(retry_after_seconds);
-        self.immediate(status, error.code(), &error.to_string(), retry_after)
-            .await
+    /// Counts a refusal of the endpoint picker's own and answers it.
+    async fn refuse(&mut self, error: PlaceError) -> Result<(), Ended> {
+        let refused = self.producer.refuse(error);
+        self.answer_refused(refused).await
     }
 
     /// Answers the request instead of routing it; the stream ends.
-    async fn immediate(
-        &mut self,
-        status: u16,
-        code: &str,
-        message: &str,
-        retry_after: Option<u64>,
-    ) -> Result<(), Ended> {
+    async fn answer_refused(&mut self, refused: Refused) -> Result<(), Ended> {
         self.decided = true;
-        self.producer.metrics.epp_immediate(status);
-        self.send(messages::immediate(status, code, message, retry_after))
-            .await?;
+        let status = refused.status().as_u16();
+        self.producer.metrics().epp_immediate(status);
+        self.send(messages::immediate(
+            status,
+            refused.code(),
+            &refused.client_message(),
+            refused.retry_after_seconds(),
+        ))
+        .await?;
         Err(Ended)
     }
 

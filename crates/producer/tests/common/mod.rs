@@ -7,7 +7,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burst_prefix_producer::core::config_store::ConfigSource;
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
@@ -43,11 +42,7 @@ impl Local {
     }
 
     pub async fn start_with_limits(yaml: &str, limits: Limits) -> Local {
-        let producer = Producer::new(ConfigSource::Demo, limits);
-        producer
-            .store
-            .apply_text(yaml)
-            .expect("a valid test config");
+        let producer = Producer::with_config(yaml, limits).expect("a valid test config");
         let service = Service::on_loopback(producer, ProxyConfig::default())
             .await
             .unwrap();
@@ -84,7 +79,7 @@ impl Local {
     pub async fn until_window_holds(&self, n: usize) -> u64 {
         let started = Instant::now();
         loop {
-            if let Some((id, live)) = self.producer().window.open_requests() {
+            if let Some((id, live)) = self.producer().open_window() {
                 if live == n {
                     return id;
                 }

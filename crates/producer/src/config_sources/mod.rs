@@ -7,12 +7,13 @@ pub mod file;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::core::config_store::{ConfigSource, ConfigStore};
 use std::sync::Arc;
+
+use crate::core::config_store::{ConfigOrigin, ConfigStore};
 
 /// A config source, as the command line names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
+pub enum ConfigSource {
     /// `--config FILE`, polled every `poll`.
     File {
         path: PathBuf,
@@ -27,16 +28,16 @@ pub enum Source {
     },
 }
 
-impl Source {
+impl ConfigSource {
     /// What `GET /v1/endpoints` and the logs call it.
-    pub fn describe(&self) -> ConfigSource {
+    pub fn origin(&self) -> ConfigOrigin {
         match self {
-            Source::File { path, .. } => ConfigSource::File {
+            ConfigSource::File { path, .. } => ConfigOrigin::File {
                 path: path.display().to_string(),
             },
-            Source::ConfigMap {
+            ConfigSource::ConfigMap {
                 namespace, name, ..
-            } => ConfigSource::ConfigMap {
+            } => ConfigOrigin::ConfigMap {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 key: configmap::CONFIG_KEY.to_string(),
@@ -48,7 +49,7 @@ impl Source {
     /// for changes on the current runtime.
     pub async fn start(&self, store: Arc<ConfigStore>) -> Result<(), String> {
         match self {
-            Source::File {
+            ConfigSource::File {
                 path,
                 poll,
                 max_bytes,
@@ -56,7 +57,7 @@ impl Source {
                 let applied = file::load(&store, path, *max_bytes)?;
                 tokio::spawn(file::watch(store, path.clone(), *poll, *max_bytes, applied));
             }
-            Source::ConfigMap {
+            ConfigSource::ConfigMap {
                 namespace,
                 name,
                 max_bytes,

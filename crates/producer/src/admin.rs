@@ -13,6 +13,6 @@ use axum::Router;
 use crate::core::Producer;
 
 pub fn router(producer: Producer) -> Router {
-    let registry = producer.metrics.registry().clone();
+    let registry = producer.metrics().registry().clone();
     burst_prefix_runtime::admin::router(Arc::new(move || producer.readiness()), registry)
 }

@@ -138,7 +138,7 @@ pub async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::ConfigSource;
+    use crate::core::config_store::ConfigOrigin;
     use crate::core::metrics::Metrics;
     use std::collections::BTreeMap;
 
@@ -164,7 +164,7 @@ mod tests {
     fn events_apply_good_configs_and_reject_bad_ones_once() {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(
-            ConfigSource::ConfigMap {
+            ConfigOrigin::ConfigMap {
                 namespace: "ns".into(),
                 name: "cm".into(),
                 key: CONFIG_KEY.into(),

@@ -1,4 +1,5 @@
-//! The JSON API (`--listen`): thin adapters around the core.
+//! The scoring API (`--listen`, beside the proxy routes): for clients that send the inference
+//! request themselves and ask the producer only where it goes. Thin adapters around the core.
 //!
 //! - `POST /v1/produce`: the inference request body itself (optionally with `"endpoints"`); it
 //!   waits for its window and gets a [`ProduceResponse`]; `?matches=all|nonzero|none` chooses
@@ -6,15 +7,13 @@
 //! - `POST /v1/plan`: a whole batch at once, no waiting (the `plan` subcommand's format).
 //! - `GET /v1/endpoints`: the replica set in force, its source and generation.
 
-pub mod admin;
 pub mod error;
 pub mod response;
 
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Query, Request, State};
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -29,23 +28,20 @@ use std::sync::{Arc, OnceLock};
 use burst_prefix_api::PlannerConfig;
 use tokio::sync::Semaphore;
 
-use crate::core::batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
-use crate::core::metrics::{Metrics, Outcome};
-use crate::core::request::Hints;
-use crate::core::{PlaceRequest, Producer};
+use crate::core::body::read_body;
+use crate::core::metrics::Metrics;
+use crate::core::request::RequestError;
+use crate::core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
+use crate::core::{Hints, PlaceRequest, Producer};
 use error::ApiError;
 use response::{MatchesShown, ProduceResponse};
-
-/// The header that carries the group-size hint (SPEC §3, issue 12).
-pub const GROUP_SIZE_HEADER: &str = "x-burst-prefix-group-size";
 
 pub fn router(producer: Producer) -> Router {
     Router::new()
         .route("/v1/produce", post(produce))
-        .route("/v1/plan", post(plan))
+        .route("/v1/plan", post(plan_whole_batch))
         .route("/v1/endpoints", get(endpoints))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(producer.limits.max_body_bytes))
         .layer(middleware::from_fn(request_timeout))
         .with_state(producer)
 }
@@ -64,42 +60,6 @@ async fn request_timeout(request: Request, next: Next) -> Response {
     }
 }
 
-/// Reads the body, or says why not (413 past `--max-body-bytes`).
-pub fn body_bytes(
-    producer: &Producer,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::BodyTooLarge {
-                limit: producer.limits.max_body_bytes,
-            }
-        } else {
-            ApiError::BodyUnreadable(rejection.body_text())
-        }
-    })
-}
-
-/// The hints a request's headers carry (a bad value is a 400 naming the header).
-pub fn header_hints(headers: &HeaderMap) -> Result<Hints, ApiError> {
-    let Some(value) = headers.get(GROUP_SIZE_HEADER) else {
-        return Ok(Hints::default());
-    };
-    let group_size = value
-        .to_str()
-        .ok()
-        .and_then(|text| text.trim().parse().ok())
-        .ok_or_else(|| {
-            ApiError::from(crate::core::request::RequestError::Field {
-                field: format!("header {GROUP_SIZE_HEADER}"),
-                problem: format!("expected an integer >= 1, got {value:?}"),
-            })
-        })?;
-    Ok(Hints {
-        group_size: Some(group_size),
-    })
-}
-
 #[derive(Deserialize)]
 struct ProduceQuery {
     matches: Option<String>,
@@ -109,37 +69,24 @@ async fn produce(
     State(producer): State<Producer>,
     Query(query): Query<ProduceQuery>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ProduceResponse>, ApiError> {
-    let result = produce_inner(&producer, query, &headers, body).await;
-    if let Err(error) = &result {
-        // The core counts its own refusals; these are the front-end's.
-        if !matches!(error, ApiError::Place(_)) {
-            producer.metrics.request(Outcome::Rejected);
-        }
-    }
-    result
-}
-
-async fn produce_inner(
-    producer: &Producer,
-    query: ProduceQuery,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<ProduceResponse>, ApiError> {
     let shown = match query.matches.as_deref() {
         None | Some("all") => MatchesShown::All,
         Some("nonzero") => MatchesShown::NonZero,
         Some("none") => MatchesShown::None,
         Some(other) => {
-            return Err(ApiError::BadQuery {
-                parameter: "matches",
+            let error = RequestError::Field {
+                field: "query parameter matches".into(),
                 problem: format!("expected all, nonzero or none, got {other:?}"),
-            })
+            };
+            return Err(producer.refuse(error.into()).into());
         }
     };
-    let body = body_bytes(producer, body)?;
-    let hints = header_hints(headers)?;
+    let body = read_body(body, producer.limits())
+        .await
+        .map_err(|e| producer.refuse(e))?;
+    let hints = Hints::from_headers(&headers).map_err(|e| producer.refuse(e.into()))?;
     let placement = producer
         .place(PlaceRequest {
             body: &body,
@@ -189,44 +136,46 @@ impl Drop for AbandonedUnlessHandedOver {
     }
 }
 
-async fn plan(
+async fn plan_whole_batch(
     State(producer): State<Producer>,
     request: Request,
 ) -> Result<Json<PlanOutput>, ApiError> {
-    let unfinished = AbandonedUnlessHandedOver(Some(producer.metrics.clone()));
+    let unfinished = AbandonedUnlessHandedOver(Some(producer.metrics().clone()));
     // The body is read here rather than by an extractor, so that a client leaving while it is
     // read is counted (hyper drops the handler as soon as it reads the end of the connection).
-    let body = Bytes::from_request(request, &()).await;
-    let slot = match body_bytes(&producer, body) {
+    let body = read_body(request.into_body(), producer.limits()).await;
+    let slot = match body {
         Ok(body) => plan_slots()
             .acquire()
             .await
             .map(|slot| (body, slot))
             .map_err(|e| ApiError::Internal(e.to_string())),
-        Err(error) => Err(error),
+        Err(error) => {
+            producer.metrics().plan("refused");
+            Err(ApiError::PlanBody(error))
+        }
     };
-    // From here the plan job counts the outcome; a body that could not be read is not a plan.
+    // From here the plan job counts the outcome.
     unfinished.hand_over();
     let (body, _slot) = slot?;
     let cancelled = Arc::new(AtomicBool::new(false));
     let _cancel = CancelOnDrop(cancelled.clone());
     let max_requests = producer
-        .store
-        .current()
+        .config()
         .map_or(PlannerConfig::default().max_batch_size(), |s| {
             s.settings.max_batch_size
         });
-    let max_replicas = producer.limits.max_plan_replicas;
+    let max_replicas = producer.limits().max_plan_replicas;
     // A whole batch can take a while to parse and hash: off the async workers.
     let output = tokio::task::spawn_blocking(move || {
-        let stop = || cancelled.load(Ordering::Relaxed) || producer.window.is_closed();
+        let stop = || cancelled.load(Ordering::Relaxed) || producer.is_closed();
         let bounds = PlanBounds {
             max_requests,
             max_replicas,
             cancelled: &stop,
         };
         let result = PlanInput::parse(&body).and_then(|input| plan_input(&input, &bounds));
-        producer.metrics.plan(match &result {
+        producer.metrics().plan(match &result {
             Ok(_) => "planned",
             Err(PlanError::Abandoned) => "abandoned",
             Err(_) => "refused",
@@ -239,9 +188,9 @@ async fn plan(
 }
 
 async fn endpoints(State(producer): State<Producer>) -> Json<Value> {
-    let current = producer.store.current();
+    let current = producer.config();
     Json(serde_json::json!({
-        "source": producer.store.source(),
+        "source": producer.config_store().source(),
         "generation": current.as_ref().map_or(0, |snapshot| snapshot.generation),
         "ready": producer.ready(),
         "endpoints": current.as_ref().map(|s| &s.config.endpoints[..]).unwrap_or(&[]),

@@ -92,7 +92,7 @@ pub async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::ConfigSource;
+    use crate::core::config_store::ConfigOrigin;
     use crate::core::metrics::Metrics;
 
     const GOOD: &str = "endpoints:\n  - {id: a, address: '10.0.0.1:8000'}\n";
@@ -101,7 +101,7 @@ mod tests {
     fn each_change_is_applied_or_rejected_once() {
         let metrics = Arc::new(Metrics::new());
         let store = ConfigStore::new(
-            ConfigSource::File {
+            ConfigOrigin::File {
                 path: "x.yaml".into(),
             },
             metrics.clone(),

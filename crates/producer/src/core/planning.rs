@@ -1,8 +1,9 @@
-//! The planner's memory across windows (SPEC §7) in the producer: one model per policy, kept
-//! behind the window's planning lock (windows are planned one at a time), its time from a
-//! monotonic clock started with the producer, dropped for an endpoint when the endpoint leaves
-//! the config, and rebuilt when its settings (or the block size) change. Its metrics are
-//! registered here, apart from `metrics.rs`:
+//! Planning a sealed window: on the endpoints usable now (not cooling down), with the requests
+//! in flight through each as its running requests, and with the planner's memory across windows
+//! (docs/behaviour.md, "Memory across windows"): one model per policy, kept behind the window's
+//! planning lock (windows are planned one at a time), its time from a monotonic clock started
+//! with the producer, dropped for an endpoint when the endpoint leaves the config, and rebuilt
+//! when its settings (or the block size) change. Its metrics are registered here:
 //!
 //! - `burst_prefix_memory_blocks{endpoint}`: blocks the model holds per endpoint;
 //! - `burst_prefix_placements_total{source}`: placed requests by why they landed there:
@@ -13,13 +14,16 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use burst_prefix_planner::{HeldPrefixes, Memory, MemorySettings, Plan, Replica, Source};
+use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, Source};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::batch::{plan_batch, HashedRequest};
 use super::config_store::Snapshot;
+use super::live::LiveEndpoints;
+use super::placement::WindowHeld;
 
-pub struct PlannerMemory {
+/// Plans windows one at a time, remembering the earlier ones when the config enables memory.
+pub struct WindowPlanner {
     /// The model and what it was built for: settings and block size; `None` while disabled.
     model: Option<(Memory, usize)>,
     /// The config generation the model's endpoints were last checked against.
@@ -29,7 +33,7 @@ pub struct PlannerMemory {
     placements: IntCounterVec,
 }
 
-impl PlannerMemory {
+impl WindowPlanner {
     pub fn new(registry: &Registry) -> Self {
         let blocks = IntGaugeVec::new(
             Opts::new(
@@ -52,7 +56,7 @@ impl PlannerMemory {
         }
         registry.register(Box::new(blocks.clone())).unwrap();
         registry.register(Box::new(placements.clone())).unwrap();
-        PlannerMemory {
+        WindowPlanner {
             model: None,
             generation: 0,
             started: Instant::now(),
@@ -61,10 +65,44 @@ impl PlannerMemory {
         }
     }
 
-    /// Plans one sealed window under `snapshot`'s config on `replicas` (a subset of its
-    /// endpoints), remembering earlier windows when the config enables memory. The window's
-    /// touches wait for [`PlannerMemory::settle`] (or the next window's planning).
-    pub fn plan(
+    /// Plans one sealed window's `requests` under `snapshot`'s config on the endpoints usable
+    /// now. The window's touches wait for [`WindowPlanner::settle`] (or the next window's
+    /// planning).
+    pub fn plan_window(
+        &mut self,
+        snapshot: &Snapshot,
+        requests: &[HashedRequest],
+        live: &LiveEndpoints,
+    ) -> WindowPlan {
+        let started = Instant::now();
+        let endpoints = &snapshot.config.endpoints;
+        let usable = live.usable(endpoints, started);
+        let replicas: Vec<Replica<'_>> = usable
+            .iter()
+            .map(|&i| Replica {
+                id: &endpoints[i].id,
+                running_requests: endpoints[i].running_requests.unwrap_or(0)
+                    + live.in_flight(&endpoints[i].id),
+            })
+            .collect();
+        if snapshot.generation != self.generation {
+            live.retain(endpoints);
+        }
+        let mut plan = self.plan(snapshot, &replicas, requests);
+        // Back from the usable list to the config's endpoint indices.
+        for assigned in plan.assignments.iter_mut().flatten() {
+            *assigned = usable[*assigned];
+        }
+        let held = WindowHeld::new(std::mem::take(&mut plan.held), usable);
+        WindowPlan {
+            held,
+            seconds: started.elapsed().as_secs_f64(),
+            plan,
+        }
+    }
+
+    /// Plans on `replicas` (a subset of the config's endpoints, by index in that subset).
+    fn plan(
         &mut self,
         snapshot: &Snapshot,
         replicas: &[Replica<'_>],
@@ -135,45 +173,12 @@ impl PlannerMemory {
     }
 }
 
-/// What the planner's memory said of one window's requests, in the config's endpoint indices:
-/// shared by the window's placements.
-#[derive(Debug)]
-pub struct WindowHeld {
-    held: HeldPrefixes,
-    /// The config index of each planned replica (ascending).
-    usable: Vec<usize>,
-}
-
-impl WindowHeld {
-    pub fn new(held: HeldPrefixes, usable: Vec<usize>) -> Option<Arc<Self>> {
-        (!held.lists().is_empty()).then(|| Arc::new(WindowHeld { held, usable }))
-    }
-
-    /// Leading blocks of request `request` that endpoint `endpoint` (a config index) held.
-    pub fn blocks(&self, request: usize, endpoint: usize) -> usize {
-        self.usable
-            .binary_search(&endpoint)
-            .map_or(0, |replica| self.held.blocks(request, replica))
-    }
-}
-
-/// What the memory said of one request: see [`WindowHeld`].
-#[derive(Clone, Debug)]
-pub struct RequestHeld {
-    window: Arc<WindowHeld>,
-    request: usize,
-}
-
-impl RequestHeld {
-    pub fn new(window: &Option<Arc<WindowHeld>>, request: usize) -> Option<Self> {
-        window.as_ref().map(|window| RequestHeld {
-            window: window.clone(),
-            request,
-        })
-    }
-
-    /// Leading blocks of the request that endpoint `endpoint` (a config index) held.
-    pub fn blocks(&self, endpoint: usize) -> usize {
-        self.window.blocks(self.request, endpoint)
-    }
+/// One window's plan, in the config's endpoint indices.
+pub struct WindowPlan {
+    /// The planner's answer; its assignments are config indices.
+    pub plan: Plan,
+    /// What the memory said each endpoint held of each request (with memory only).
+    pub held: Option<Arc<WindowHeld>>,
+    /// How long planning took.
+    pub seconds: f64,
 }

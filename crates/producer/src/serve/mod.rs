@@ -1,0 +1,120 @@
+//! `burst-prefix-producer serve`: the command line ([`args`]), the wiring of config source, core
+//! and listeners ([`service`]), leader election, and graceful shutdown ([`signals`]).
+//!
+//! On SIGTERM or SIGINT every listener stops accepting connections, the open window is sealed,
+//! planned and answered at once, idle connections are closed, in-flight responses are written,
+//! and the process exits 0, within `--shutdown-timeout-ms` whatever clients hold.
+
+pub mod args;
+pub mod service;
+pub mod signals;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use burst_prefix_runtime::flags;
+use burst_prefix_runtime::leader::{LeaderArgs, Leadership};
+pub use burst_prefix_runtime::logging::{LogArgs, LogFormat};
+
+pub use args::ServeArgs;
+pub use service::{Binding, Role, Service};
+
+use crate::core::Producer;
+
+/// Runs `serve` to the end: exit 0 after a graceful shutdown, 2 when it cannot start.
+pub fn run(args: ServeArgs) -> ExitCode {
+    if let Err(message) = burst_prefix_runtime::logging::init(&args.log) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
+    let result = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+        .and_then(|runtime| runtime.block_on(serve(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!(error = %message, "cannot serve");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    signals::raise_fd_limit();
+    let source = args.source();
+    let producer = Producer::new(source.origin(), args.limits());
+    source.start(producer.config_store().clone()).await?;
+    // Held to the end: dropping it releases the Lease, so a follower takes over at once.
+    let leadership = match args.leader.leader_elect {
+        true => Some(elect(&producer, &args.leader).await?),
+        false => None,
+    };
+    let service = Service::start(producer, args.proxy.config(), |role| Binding {
+        addr: args.addr(role),
+        limits: args.connections.of(role),
+    })
+    .await?;
+    tracing::info!(
+        api = %service.addr(Role::Api).expect("bound"),
+        epp = %service.addr(Role::Epp).expect("bound"),
+        admin = %service.addr(Role::Admin).expect("bound"),
+        source = %service.producer.config_store().source(),
+        "listening"
+    );
+    signals::shutdown_signal().await;
+    tracing::info!("shutting down: answering the open window");
+    service
+        .shutdown(Duration::from_millis(args.shutdown_timeout_ms))
+        .await;
+    drop(leadership);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts competing for the Lease; the producer follows until it leads, and leads until it
+/// loses the Lease.
+async fn elect(producer: &Producer, args: &LeaderArgs) -> Result<Leadership, String> {
+    let client = kube::Client::try_default().await.map_err(|e| {
+        format!(
+            "cannot reach the Kubernetes API for --{}: {e}",
+            flags::LEADER_ELECT
+        )
+    })?;
+    let name = args
+        .lease_name
+        .clone()
+        .unwrap_or_else(|| "burst-prefix-producer".to_string());
+    let identity = args.identity_or("burst-prefix-producer");
+    producer.set_leading(false);
+    let leadership = Leadership::start(
+        client,
+        &name,
+        &args.lease_namespace,
+        &identity,
+        Duration::from_secs(args.lease_duration_seconds),
+    )
+    .await?;
+    let mut leading = leadership.subscribe();
+    let producer = producer.clone();
+    let lease = leadership.lease.clone();
+    tokio::spawn(async move {
+        loop {
+            let now = *leading.borrow_and_update();
+            if now != producer.leading() {
+                producer.set_leading(now);
+                if now {
+                    tracing::info!(%lease, %identity, "leading: ready, planning windows");
+                } else {
+                    tracing::warn!(%lease, %identity, "following: not ready, refusing requests");
+                }
+            }
+            if leading.changed().await.is_err() {
+                producer.set_leading(false);
+                tracing::error!(%lease, "the Lease manager stopped; following from now on");
+                return;
+            }
+        }
+    });
+    tracing::info!(lease = %leadership.lease, identity = %leadership.identity, "competing for the Lease");
+    Ok(leadership)
+}
