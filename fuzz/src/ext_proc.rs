@@ -10,14 +10,17 @@ use burst_prefix_api::ProducerConfig;
 use burst_prefix_producer::core::request::InferenceRequest;
 use burst_prefix_producer::core::ConfigOrigin;
 use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_producer::epp::data_plane::{
+    protocol, request_body as body, request_headers as headers, request_trailers as trailers,
+    response_body, response_headers,
+};
 use burst_prefix_producer::epp::{self, messages};
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    body_mutation, processing_request, processing_response, CommonResponse, HttpBody, HttpHeaders,
-    HttpTrailers, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    body_mutation, processing_request, processing_response, CommonResponse, ProcessingRequest,
+    ProcessingResponse,
 };
-use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct};
 use futures::StreamExt;
 use prost::Message;
 use tonic::Status;
@@ -291,16 +294,11 @@ fn handed_back(answer: &ProcessingResponse) -> Option<Vec<u8>> {
 
 /// Seeds: realistic streams (`BURST_PREFIX_FUZZ_WRITE_SEEDS=DIR` writes them; see the README).
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
-    let full_duplex = Some(ProtocolConfiguration {
-        request_body_mode: BodySendMode::FullDuplexStreamed as i32,
-        response_body_mode: BodySendMode::FullDuplexStreamed as i32,
-        ..ProtocolConfiguration::default()
-    });
-    let buffered = Some(ProtocolConfiguration {
-        request_body_mode: BodySendMode::Buffered as i32,
-        response_body_mode: BodySendMode::None as i32,
-        ..ProtocolConfiguration::default()
-    });
+    let full_duplex = Some(protocol(
+        BodySendMode::FullDuplexStreamed,
+        BodySendMode::FullDuplexStreamed,
+    ));
+    let buffered = Some(protocol(BodySendMode::Buffered, BodySendMode::None));
     let chat = br#"{"model": "llama", "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello!"}], "stream": true}"#;
     let completion = br#"{"model": "llama", "prompt": "Solve step by step: what is 17 * 23?", "n": 1, "burst_prefix": {"group_size": 1}}"#;
     let seeds = [
@@ -315,7 +313,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 ),
                 body(&chat[..40], false),
                 body(&chat[40..], true),
-                response_headers("10.0.0.2:8000"),
+                response_headers(Some("10.0.0.2:8000")),
                 response_body(b"data: {}\n\n", true),
             ],
         ),
@@ -348,110 +346,4 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .into_iter()
         .map(|(name, messages)| (name, encode(&messages)))
         .collect()
-}
-
-fn headers(
-    protocol_config: Option<ProtocolConfiguration>,
-    headers: &[(&str, &str)],
-    subset: Option<&[&str]>,
-    end_of_stream: bool,
-) -> ProcessingRequest {
-    let metadata_context = subset.map(|subset| Metadata {
-        filter_metadata: [(
-            messages::SUBSET_NAMESPACE.to_string(),
-            Struct {
-                fields: [(
-                    messages::SUBSET_KEY.to_string(),
-                    Value {
-                        kind: Some(Kind::ListValue(ListValue {
-                            values: subset
-                                .iter()
-                                .map(|a| Value {
-                                    kind: Some(Kind::StringValue(a.to_string())),
-                                })
-                                .collect(),
-                        })),
-                    },
-                )]
-                .into(),
-            },
-        )]
-        .into(),
-        ..Metadata::default()
-    });
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: headers
-                    .iter()
-                    .map(|(key, value)| HeaderValue {
-                        key: key.to_string(),
-                        raw_value: value.as_bytes().to_vec(),
-                        ..HeaderValue::default()
-                    })
-                    .collect(),
-            }),
-            end_of_stream,
-            ..HttpHeaders::default()
-        })),
-        metadata_context,
-        protocol_config,
-        ..ProcessingRequest::default()
-    }
-}
-
-fn body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestBody(HttpBody {
-            body: bytes.to_vec(),
-            end_of_stream,
-            ..HttpBody::default()
-        })),
-        ..ProcessingRequest::default()
-    }
-}
-
-fn trailers() -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestTrailers(
-            HttpTrailers::default(),
-        )),
-        ..ProcessingRequest::default()
-    }
-}
-
-fn response_headers(served: &str) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::ResponseHeaders(
-            HttpHeaders::default(),
-        )),
-        metadata_context: Some(Metadata {
-            filter_metadata: [(
-                messages::DESTINATION_NAMESPACE.to_string(),
-                Struct {
-                    fields: [(
-                        messages::SERVED_KEY.to_string(),
-                        Value {
-                            kind: Some(Kind::StringValue(served.to_string())),
-                        },
-                    )]
-                    .into(),
-                },
-            )]
-            .into(),
-            ..Metadata::default()
-        }),
-        ..ProcessingRequest::default()
-    }
-}
-
-fn response_body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::ResponseBody(HttpBody {
-            body: bytes.to_vec(),
-            end_of_stream,
-            ..HttpBody::default()
-        })),
-        ..ProcessingRequest::default()
-    }
 }

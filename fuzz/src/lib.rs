@@ -21,3 +21,17 @@ pub fn write_seeds_if_asked(seeds: fn() -> Vec<(&'static str, Vec<u8>)>) {
     eprintln!("seeds written to {}", dir.display());
     std::process::exit(0);
 }
+
+#[cfg(test)]
+mod tests {
+    /// The committed seeds of the targets that build theirs from typed values are what those
+    /// values encode to: a change to the message builders cannot silently change the corpus.
+    #[test]
+    fn committed_seeds_are_what_the_builders_write() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/ext_proc");
+        for (name, bytes) in crate::ext_proc::seeds() {
+            let committed = std::fs::read(dir.join(name)).expect("a committed seed");
+            assert_eq!(committed, bytes, "seeds/ext_proc/{name}");
+        }
+    }
+}

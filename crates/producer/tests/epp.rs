@@ -7,18 +7,15 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use burst_prefix_producer::epp::data_plane;
+use common::ext_proc::{immediate, ExtProc};
 use common::{sample, Local, PATIENCE};
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    body_mutation, processing_request, processing_response, HttpBody, HttpHeaders, HttpTrailers,
-    ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    body_mutation, processing_response, ProcessingRequest, ProcessingResponse,
 };
-use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+use envoy_types::pb::google::protobuf::value::Kind;
 use serde_json::json;
-use tokio::sync::mpsc;
-use tonic::Streaming;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -36,121 +33,28 @@ fn endpoints(n: usize, window_ms: u64) -> String {
     yaml
 }
 
-/// One ext_proc stream, as the data plane holds it.
-struct ExtProc {
-    requests: mpsc::Sender<ProcessingRequest>,
-    responses: Streaming<ProcessingResponse>,
-}
-
-impl ExtProc {
-    async fn open(local: &Local) -> ExtProc {
-        let mut client = ExternalProcessorClient::connect(local.epp.clone())
-            .await
-            .expect("connect to the endpoint picker");
-        let (requests, outbound) = mpsc::channel(16);
-        let responses = client
-            .process(tokio_stream::wrappers::ReceiverStream::new(outbound))
-            .await
-            .expect("open an ext_proc stream")
-            .into_inner();
-        ExtProc {
-            requests,
-            responses,
-        }
-    }
-
-    async fn send(&self, request: ProcessingRequest) {
-        self.requests
-            .send(request)
-            .await
-            .expect("the stream is open");
-    }
-
-    async fn next(&mut self) -> ProcessingResponse {
-        tokio::time::timeout(PATIENCE, self.responses.message())
-            .await
-            .expect("an answer in time")
-            .expect("no gRPC error")
-            .expect("an answer, not the end of the stream")
-    }
-
-    /// The stream ends cleanly (no gRPC error) with no further answer.
-    async fn ends(&mut self) {
-        let end = tokio::time::timeout(PATIENCE, self.responses.message())
-            .await
-            .expect("the end in time");
-        assert!(matches!(end, Ok(None)), "expected a clean end, got {end:?}");
-    }
-}
-
-fn string(value: &str) -> Value {
-    Value {
-        kind: Some(Kind::StringValue(value.to_string())),
-    }
-}
-
-/// Request headers, with an optional subset hint and the body mode the data plane uses.
+/// Request headers of a completion, with an optional subset hint and the body mode the data
+/// plane uses.
 fn headers(
     end_of_stream: bool,
     subset: Option<&[&str]>,
     mode: Option<BodySendMode>,
 ) -> ProcessingRequest {
-    let metadata = subset.map(|addresses| Metadata {
-        filter_metadata: [(
-            "envoy.lb.subset_hint".to_string(),
-            Struct {
-                fields: [(
-                    "x-gateway-destination-endpoint-subset".to_string(),
-                    Value {
-                        kind: Some(Kind::ListValue(ListValue {
-                            values: addresses.iter().map(|a| string(a)).collect(),
-                        })),
-                    },
-                )]
-                .into(),
-            },
-        )]
-        .into(),
-        ..Metadata::default()
-    });
-    ProcessingRequest {
-        metadata_context: metadata,
-        protocol_config: mode.map(|mode| ProtocolConfiguration {
-            request_body_mode: mode as i32,
-            response_body_mode: mode as i32,
-            ..ProtocolConfiguration::default()
-        }),
-        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: [
-                    (":method", "POST"),
-                    (":path", "/v1/completions"),
-                    ("content-type", "application/json"),
-                ]
-                .iter()
-                .map(|(k, v)| HeaderValue {
-                    key: k.to_string(),
-                    raw_value: v.as_bytes().to_vec(),
-                    ..HeaderValue::default()
-                })
-                .collect(),
-            }),
-            end_of_stream,
-            ..HttpHeaders::default()
-        })),
-        ..ProcessingRequest::default()
-    }
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/completions"),
+        ("content-type", "application/json"),
+    ];
+    data_plane::request_headers(
+        mode.map(|mode| data_plane::protocol(mode, mode)),
+        &headers,
+        subset,
+        end_of_stream,
+    )
 }
 
 fn body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestBody(HttpBody {
-            body: bytes.to_vec(),
-            end_of_stream,
-            ..HttpBody::default()
-        })),
-        ..ProcessingRequest::default()
-    }
+    data_plane::request_body(bytes, end_of_stream)
 }
 
 /// Sends `payload` as the body in chunks of `chunk` bytes.
@@ -211,16 +115,6 @@ fn streamed_body(response: &ProcessingResponse) -> (Vec<u8>, bool) {
         panic!("{mutation:?}");
     };
     (streamed.body.clone(), streamed.end_of_stream)
-}
-
-/// The status of an immediate response.
-fn immediate(response: &ProcessingResponse) -> (i32, serde_json::Value) {
-    let Some(processing_response::Response::ImmediateResponse(immediate)) = &response.response
-    else {
-        panic!("not an immediate response: {response:?}");
-    };
-    let body = serde_json::from_slice(&immediate.body).unwrap();
-    (immediate.status.as_ref().unwrap().code, body)
 }
 
 fn payload(prompt: &str) -> Vec<u8> {
@@ -372,40 +266,14 @@ async fn buffered_mode_trailers_and_the_response_path() {
 
     // The response path: headers carry the served endpoint; the body passes through.
     stream
-        .send(ProcessingRequest {
-            metadata_context: Some(Metadata {
-                filter_metadata: [(
-                    "envoy.lb".to_string(),
-                    Struct {
-                        fields: [(
-                            "x-gateway-destination-endpoint-served".to_string(),
-                            string(&served),
-                        )]
-                        .into(),
-                    },
-                )]
-                .into(),
-                ..Metadata::default()
-            }),
-            request: Some(processing_request::Request::ResponseHeaders(
-                HttpHeaders::default(),
-            )),
-            ..ProcessingRequest::default()
-        })
+        .send(data_plane::response_headers(Some(&served)))
         .await;
     assert!(matches!(
         stream.next().await.response,
         Some(processing_response::Response::ResponseHeaders(_))
     ));
     stream
-        .send(ProcessingRequest {
-            request: Some(processing_request::Request::ResponseBody(HttpBody {
-                body: b"data: {}\n\n".to_vec(),
-                end_of_stream: true,
-                ..HttpBody::default()
-            })),
-            ..ProcessingRequest::default()
-        })
+        .send(data_plane::response_body(b"data: {}\n\n", true))
         .await;
     assert!(matches!(
         stream.next().await.response,
@@ -432,14 +300,7 @@ async fn buffered_mode_trailers_and_the_response_path() {
         .send(headers(false, None, Some(BodySendMode::FullDuplexStreamed)))
         .await;
     stream.send(body(&payload("with trailers"), false)).await;
-    stream
-        .send(ProcessingRequest {
-            request: Some(processing_request::Request::RequestTrailers(
-                HttpTrailers::default(),
-            )),
-            ..ProcessingRequest::default()
-        })
-        .await;
+    stream.send(data_plane::request_trailers()).await;
     destination(&stream.next().await);
     let (_, end) = streamed_body(&stream.next().await);
     assert!(!end);

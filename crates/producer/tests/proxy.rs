@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use burst_prefix_stub_engine::{Options, RecordedRequest, StubEngine, ENGINE_ID_HEADER};
-use common::{sample, Local, PATIENCE};
+use common::{dead_address, sample, Local, PATIENCE};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -26,12 +26,6 @@ async fn engines(n: usize, window_ms: u64) -> (Vec<StubEngine>, String) {
         stubs.push(stub);
     }
     (stubs, yaml)
-}
-
-/// A free loopback port nothing listens on.
-fn dead_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
 }
 
 fn completion(prompt: &str) -> Value {
@@ -409,80 +403,4 @@ async fn models_are_forwarded_to_a_replica() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["object"], "list");
     assert_eq!(body["data"][0]["id"], "stub-model");
-}
-
-/// The venv python `tests/python/setup.sh` installed the OpenAI client into (`make test` runs
-/// it and passes the path in BURST_PREFIX_CLIENTS_PYTHON).
-fn clients_python() -> std::path::PathBuf {
-    let path = std::env::var_os("BURST_PREFIX_CLIENTS_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let setup = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/python/setup.sh");
-            let output = std::process::Command::new(setup)
-                .arg("--print-python")
-                .output()
-                .expect("run tests/python/setup.sh --print-python");
-            String::from_utf8(output.stdout).unwrap().trim().into()
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `make python-clients` (tests/python/setup.sh) first",
-        path.display()
-    );
-    path
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_openai_python_client_works_against_the_proxy() {
-    let (_stubs, yaml) = engines(2, 20).await;
-    let local = Local::start(&yaml).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/python/openai_client.py"
-    );
-    let output = tokio::process::Command::new(clients_python())
-        .arg(script)
-        .arg(&local.base)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output)
-        .await
-        .expect("the client script finished in time")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    let out: Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    let endpoint = out["completion"]["endpoint"].as_str().unwrap();
-    assert!(endpoint.starts_with("ns/e"), "{out}");
-    // The stub's text names the engine that generated it: the one the header names.
-    let engine = endpoint.strip_prefix("ns/").unwrap();
-    assert!(
-        out["completion"]["text"].as_str().unwrap().contains(engine),
-        "{out}"
-    );
-    assert!(
-        out["completion"]["window"]
-            .as_str()
-            .unwrap()
-            .parse::<u64>()
-            .is_ok(),
-        "{out}"
-    );
-    assert!(out["chat"].as_str().unwrap().contains("#1"), "{out}");
-    assert_eq!(out["stream"].as_array().unwrap().len(), 4, "{out}");
-    assert_eq!(
-        out["completion_stream"].as_array().unwrap().len(),
-        3,
-        "{out}"
-    );
-    assert_eq!(out["models"], json!(["stub-model"]));
-    let bad = &out["bad_request"];
-    assert_eq!(bad["status"], 400, "{out}");
-    assert_eq!(bad["body"]["code"], "invalid_request", "{out}");
-    assert!(
-        bad["message"].as_str().unwrap().contains("messages[0]"),
-        "{out}"
-    );
 }

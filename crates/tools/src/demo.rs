@@ -16,7 +16,7 @@ use burst_prefix_planner::BlockHash;
 use clap::Args;
 use serde_json::{json, Value};
 
-use burst_prefix_producer::core::batch::HashedRequest;
+use burst_prefix_producer::core::request::HashedRequest;
 use burst_prefix_producer::core::request::InferenceRequest;
 use burst_prefix_producer::core::ConfigOrigin;
 use burst_prefix_producer::core::{Limits, Producer};

@@ -4,42 +4,11 @@
 
 use std::collections::HashMap;
 
-use super::request::InferenceRequest;
 use burst_prefix_planner::{
-    assign, assign_with_memory, BatchRequest, BlockHash, BlockSpec, Memory, Plan, PlanParams,
-    Replica,
+    assign, assign_with_memory, BatchRequest, Memory, Plan, PlanParams, Replica,
 };
 
-/// A request ready for the planner: all it keeps of its body.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HashedRequest {
-    /// Its prompts' chains, concatenated.
-    pub blocks: Vec<BlockHash>,
-    /// Candidate endpoint ids; `None` means all.
-    pub endpoints: Option<Vec<String>>,
-}
-
-impl HashedRequest {
-    /// What the request holds while it waits in a window.
-    pub fn held_bytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.blocks.len() * std::mem::size_of::<BlockHash>()
-            + self
-                .endpoints
-                .as_ref()
-                .map_or(0, |ids| ids.iter().map(|id| id.len() + 24).sum())
-    }
-
-    pub fn new(request: &InferenceRequest<'_>, spec: BlockSpec) -> Self {
-        HashedRequest {
-            blocks: request.block_hashes(spec).concat(),
-            endpoints: request
-                .endpoints
-                .as_ref()
-                .map(|ids| ids.iter().map(|id| id.to_string()).collect()),
-        }
-    }
-}
+use super::request::HashedRequest;
 
 /// Plans one batch: endpoint ids in the requests' lists are mapped to replica indices (unknown
 /// ids are ignored), then the planner decides, with `memory` (and the time in ms on its clock)

@@ -260,7 +260,7 @@ mod tests {
         let spec = store.current().unwrap().settings.block_spec;
         let body = br#"{"model": "m", "prompt": ["You are a helpful assistant.", "x"]}"#;
         let request = crate::core::request::InferenceRequest::parse(body).unwrap();
-        let hashed = crate::core::batch::HashedRequest::new(&request, spec);
+        let hashed = crate::core::request::HashedRequest::new(&request, spec);
         assert_eq!(hashed.blocks.len(), 2);
     }
 

@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 
 use serde::Deserialize;
 
-use super::request::RequestError;
+use super::request::error::RequestError;
 
 /// The header that carries the group-size hint.
 pub const GROUP_SIZE_HEADER: &str = "x-burst-prefix-group-size";

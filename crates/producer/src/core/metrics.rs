@@ -3,7 +3,7 @@
 
 use prometheus::core::Collector;
 
-use super::window::SealReason;
+use super::window::seal::SealReason;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burst_prefix_api::Endpoint;
+use bytes::Bytes;
 
 pub use config_store::{ConfigOrigin, Snapshot};
 pub use error::{PlaceError, Refused};
@@ -41,10 +42,10 @@ pub use live::InFlight;
 pub use placement::Placement;
 pub use routing::Route;
 
-use batch::HashedRequest;
 use config_store::ConfigStore;
 use live::LiveEndpoints;
 use metrics::{Metrics, Outcome};
+use request::HashedRequest;
 use request::InferenceRequest;
 use window::Window;
 
@@ -204,6 +205,34 @@ impl Producer {
                 })?
         };
         ticket.placement().await.map_err(|_| PlaceError::Abandoned)
+    }
+
+    /// Reads an HTTP request's body (under the body limit) and hints, and places it. The body
+    /// comes back for a front-end that forwards it (`forwarded`: its bytes count against the
+    /// window's budget while it waits).
+    pub async fn place_http<B>(
+        &self,
+        headers: &http::HeaderMap,
+        body: B,
+        forwarded: bool,
+    ) -> Result<(Bytes, Placement), Refused>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let body = body::read_body(body, &self.limits)
+            .await
+            .map_err(|e| self.refuse(e))?;
+        let hints = Hints::from_headers(headers).map_err(|e| self.refuse(e.into()))?;
+        let placement = self
+            .place(PlaceRequest {
+                body: &body,
+                subset: None,
+                hints,
+                held_bytes: if forwarded { body.len() } else { 0 },
+            })
+            .await?;
+        Ok((body, placement))
     }
 
     /// Where a placed request goes: its endpoint, then at most `fallbacks` others to try in

@@ -7,7 +7,7 @@ use std::time::Duration;
 use burst_prefix_planner::HeldPrefixes;
 
 use super::config_store::Snapshot;
-use super::window::SealReason;
+use super::window::seal::SealReason;
 
 /// What a request gets when its window is planned.
 #[derive(Clone, Debug)]

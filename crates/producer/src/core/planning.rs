@@ -17,10 +17,11 @@ use std::time::Instant;
 use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, Source};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::batch::{plan_batch, HashedRequest};
+use super::batch::plan_batch;
 use super::config_store::Snapshot;
 use super::live::LiveEndpoints;
 use super::placement::WindowHeld;
+use super::request::HashedRequest;
 
 /// Plans windows one at a time, remembering the earlier ones when the config enables memory.
 pub struct WindowPlanner {

@@ -7,7 +7,8 @@ use burst_prefix_planner::Replica;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::batch::{plan_batch, HashedRequest};
+use super::batch::plan_batch;
+use super::request::HashedRequest;
 use super::request::{InferenceRequest, RequestError};
 
 /// Input of `plan` and `POST /v1/plan`. Request bodies stay raw JSON until each is parsed.

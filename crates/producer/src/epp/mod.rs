@@ -24,6 +24,7 @@
 //! `liveness` (the process serves), `readiness` and the ext_proc service (ready: a config with
 //! endpoints is in force, this producer leads, and it is not shutting down).
 
+pub mod data_plane;
 pub mod messages;
 
 use std::pin::Pin;

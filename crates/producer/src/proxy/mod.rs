@@ -22,8 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::core::body::read_body;
-use crate::core::{Hints, PlaceRequest, Producer};
+use crate::core::Producer;
 pub use error::ProxyError;
 use upstream::{Outgoing, Upstreams};
 
@@ -90,18 +89,7 @@ async fn place_and_send(
     body: Body,
 ) -> Result<Response, ProxyError> {
     let producer = upstreams.producer();
-    let body = read_body(body, producer.limits())
-        .await
-        .map_err(|e| producer.refuse(e))?;
-    let hints = Hints::from_headers(&headers).map_err(|e| producer.refuse(e.into()))?;
-    let placement = producer
-        .place(PlaceRequest {
-            body: &body,
-            subset: None,
-            hints,
-            held_bytes: body.len(),
-        })
-        .await?;
+    let (body, placement) = producer.place_http(&headers, body, true).await?;
     let route = producer.route(&placement, upstreams.retries())?;
     let request = Outgoing {
         method: Method::POST,

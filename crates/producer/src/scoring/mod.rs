@@ -32,7 +32,7 @@ use crate::core::body::read_body;
 use crate::core::metrics::Metrics;
 use crate::core::request::RequestError;
 use crate::core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
-use crate::core::{Hints, PlaceRequest, Producer};
+use crate::core::Producer;
 use error::ApiError;
 use response::{MatchesShown, ProduceResponse};
 
@@ -83,18 +83,7 @@ async fn produce(
             return Err(producer.refuse(error.into()).into());
         }
     };
-    let body = read_body(body, producer.limits())
-        .await
-        .map_err(|e| producer.refuse(e))?;
-    let hints = Hints::from_headers(&headers).map_err(|e| producer.refuse(e.into()))?;
-    let placement = producer
-        .place(PlaceRequest {
-            body: &body,
-            subset: None,
-            hints,
-            held_bytes: 0,
-        })
-        .await?;
+    let (body, placement) = producer.place_http(&headers, body, false).await?;
     drop(body);
     Ok(Json(ProduceResponse::new(&placement, shown)))
 }

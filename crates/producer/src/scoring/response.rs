@@ -105,7 +105,7 @@ impl ProduceResponse {
 mod tests {
     use super::*;
     use crate::core::config_store::Snapshot;
-    use crate::core::window::SealReason;
+    use crate::core::window::seal::SealReason;
     use burst_prefix_api::ProducerConfig;
     use std::sync::Arc;
     use std::time::Duration;

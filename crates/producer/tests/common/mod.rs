@@ -2,6 +2,8 @@
 //! real binary as a child process, and small HTTP and metrics helpers.
 #![allow(dead_code)] // Each test binary uses its own part of this.
 
+pub mod ext_proc;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -135,6 +137,12 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} missing in\n{metrics}"))
         .parse()
         .unwrap()
+}
+
+/// A free loopback port nothing listens on.
+pub fn dead_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
 }
 
 /// A completions body.

@@ -20,21 +20,23 @@
 //! The lock is held only to push, remove or take slots; hashing happens before joining and
 //! planning after sealing, both outside it.
 
-use std::collections::HashMap;
+pub mod seal;
+
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use burst_prefix_planner::BlockHash;
 use tokio::sync::oneshot;
 
-use super::batch::HashedRequest;
 use super::config_store::{ConfigStore, Snapshot};
 use super::error::PlaceError;
 use super::live::LiveEndpoints;
 use super::metrics::{Metrics, Outcome};
 use super::placement::{Placement, RequestHeld};
 use super::planning::{WindowPlan, WindowPlanner};
+use super::request::HashedRequest;
+pub use seal::SealReason;
+use seal::{GroupKey, HintedGroups};
 
 /// How long before a window's deadline the (millisecond-granular) tokio timer wakes; the rest
 /// is slept precisely on the planning thread.
@@ -42,41 +44,6 @@ const TIMER_SLACK: Duration = Duration::from_millis(2);
 
 /// Windows sealed but not yet released beyond which a full window is not sealed early.
 const MAX_SEALED: usize = 2;
-
-/// Why a window was sealed (`burst_prefix_windows_sealed_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SealReason {
-    /// `windowDurationMs` passed.
-    Timer,
-    /// Every group whose size a client hinted was complete.
-    Hints,
-    /// No request arrived for `idleSealMs`.
-    Idle,
-    /// It held `maxBatchSize` requests.
-    Full,
-    /// The producer was shutting down.
-    Shutdown,
-}
-
-impl SealReason {
-    pub const ALL: [SealReason; 5] = [
-        SealReason::Timer,
-        SealReason::Hints,
-        SealReason::Idle,
-        SealReason::Full,
-        SealReason::Shutdown,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            SealReason::Timer => "timer",
-            SealReason::Hints => "hints",
-            SealReason::Idle => "idle",
-            SealReason::Full => "full",
-            SealReason::Shutdown => "shutdown",
-        }
-    }
-}
 
 /// The planning of a request's window was lost (the planner panicked); logged where it happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,28 +80,8 @@ struct Open {
     /// Bytes held for the live requests (see [`Window::join`]).
     bytes: usize,
     last_arrival: Instant,
-    /// Per group of identical prompts: how many are here, and the size a client hinted.
-    groups: HashMap<GroupKey, GroupCount>,
-    /// Groups with a hinted size.
-    hinted: usize,
-    /// Hinted groups with fewer members here than hinted.
-    incomplete: usize,
-}
-
-/// A group of identical prompts: chained hashes make the last block and the length enough.
-type GroupKey = (usize, BlockHash);
-
-#[derive(Clone, Copy, Default)]
-struct GroupCount {
-    /// The largest size hinted by a member; 0 when none hinted.
-    hinted: u32,
-    present: u32,
-}
-
-impl GroupCount {
-    fn incomplete(self) -> bool {
-        self.hinted > 0 && self.present < self.hinted
-    }
+    /// Its groups of identical prompts, as far as clients hinted their sizes.
+    groups: HintedGroups,
 }
 
 struct Slot {
@@ -146,24 +93,6 @@ struct Slot {
 }
 
 impl Open {
-    /// Counts a member into (`+1`) or out of (`-1`) its group, keeping `hinted` and
-    /// `incomplete` current.
-    fn count(&mut self, key: GroupKey, hint: Option<NonZeroU32>, delta: i32) {
-        let group = self.groups.entry(key).or_default();
-        let (was_hinted, was_incomplete) = (group.hinted > 0, group.incomplete());
-        if let Some(size) = hint {
-            group.hinted = group.hinted.max(size.get());
-        }
-        group.present = group.present.saturating_add_signed(delta);
-        let (is_hinted, is_incomplete) = (group.hinted > 0, group.incomplete());
-        self.hinted += usize::from(is_hinted && !was_hinted);
-        match (was_incomplete, is_incomplete) {
-            (false, true) => self.incomplete += 1,
-            (true, false) => self.incomplete -= 1,
-            _ => {}
-        }
-    }
-
     /// Why this window should be sealed now, if it should.
     fn seal_now(&self, sealed_elsewhere: usize) -> Option<SealReason> {
         let settings = &self.snapshot.settings;
@@ -174,7 +103,7 @@ impl Open {
         {
             return Some(SealReason::Full);
         }
-        if settings.seal_on_hints && self.hinted > 0 && self.incomplete == 0 {
+        if settings.seal_on_hints && self.groups.all_complete() {
             return Some(SealReason::Hints);
         }
         None
@@ -303,7 +232,7 @@ impl Window {
             )
         });
         if let Some(key) = group {
-            open.count(key, group_size, 1);
+            open.groups.count(key, group_size, 1);
         }
         let (reply, receiver) = oneshot::channel();
         let index = open.slots.len();
@@ -345,9 +274,7 @@ impl Window {
             live: 0,
             bytes: 0,
             last_arrival: now,
-            groups: HashMap::new(),
-            hinted: 0,
-            incomplete: 0,
+            groups: HintedGroups::default(),
         });
         let window = self.clone();
         tokio::spawn(async move {
@@ -409,7 +336,7 @@ impl Window {
         open.live -= 1;
         open.bytes -= slot.bytes;
         if let Some(key) = slot.group {
-            open.count(key, None, -1);
+            open.groups.count(key, None, -1);
         }
         self.metrics.window_open_requests.set(open.live as i64);
         drop(state);
