@@ -16,9 +16,16 @@ NODE_DEPS := tests/node/install-deps.sh
 # The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
 FUZZ_SMOKE := fuzz/smoke.sh
 
-.PHONY: test lint unit fuzz-smoke control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
+.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
 
 test: control-plane node-deps images python-clients lint unit fuzz-smoke
+
+# The fast inner loop: fmt, clippy and every test that needs nothing but cargo (no control plane,
+# node, images, Python or engine: those tests are all in the tests/ crate), and the fuzz
+# targets' own tests. A few minutes when warm; `make test` stays the one full command.
+check: lint
+	$(CARGO) test --workspace --locked --exclude burst-prefix-integration-tests
+	$(CARGO) test --locked --manifest-path fuzz/Cargo.toml
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.
 control-plane:

@@ -207,7 +207,9 @@ async fn one_leader_serves_and_a_follower_takes_over_after_sigkill() {
 
     // SIGKILL: the Lease is not released; a follower takes it when it lapses.
     let killed_at = Instant::now();
-    replicas[leader].process.signal(libc::SIGKILL);
+    replicas[leader]
+        .process
+        .signal(nix::sys::signal::Signal::SIGKILL);
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let successor = eventually("a new leader ready and answering", TIMEOUT, || async {
         for &i in &others {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use burst_prefix_api::config::RULES;
 use burst_prefix_api::producer_config::ProducerConfigError;
 use burst_prefix_api::ProducerConfig;
-use burst_prefix_producer::core::request::HashedRequest;
 use burst_prefix_producer::core::config_store::{Applied, ConfigOrigin, ConfigStore};
 use burst_prefix_producer::core::metrics::Metrics;
+use burst_prefix_producer::core::request::HashedRequest;
 use burst_prefix_producer::core::request::InferenceRequest;
 
 /// The config in force before the fuzzed text arrives.

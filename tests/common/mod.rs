@@ -14,6 +14,8 @@ use burst_prefix_test_support::ControlPlane;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde_json::{json, Value};
 
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -81,10 +83,8 @@ impl Process {
         self.child.try_wait().ok().flatten().map(|s| s.code())
     }
 
-    pub fn signal(&self, signal: i32) {
-        unsafe {
-            libc::kill(self.child.id() as i32, signal);
-        }
+    pub fn signal(&self, signal: Signal) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
     }
 
     /// Waits for the process to exit by itself.

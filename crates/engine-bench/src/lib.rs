@@ -7,8 +7,6 @@
 //! - [`workloads`] are the simulator's generators at bench sizes; [`check`] runs the simulator on
 //!   the same prompts; [`report`] and [`chart`] publish the figures.
 
-#![forbid(unsafe_code)]
-
 pub mod bound;
 pub mod chart;
 pub mod check;

@@ -1,19 +1,21 @@
-//! The burst-prefix operator. Reconcile is a pipeline: validate ([`validate`], pure) → resolve
-//! and discover (read the pool and the pods) → build the desired objects ([`desired`], pure) →
-//! apply ([`apply`], dry run first) → status ([`status`], pure, written only when it changes).
-//! Every failure becomes a condition reason, a Kubernetes Event and a retry with exponential
-//! backoff per policy ([`backoff`]). [`controller`] wires it to kube-runtime.
-
-#![forbid(unsafe_code)]
+//! The burst-prefix operator. Reconcile ([`reconcile`]) is a pipeline: validate ([`validate`],
+//! pure) → resolve and discover ([`discover`]: the pool and the pods, then [`endpoints`], pure)
+//! → build the desired objects ([`desired`], pure) → apply ([`apply`], dry run first) → status
+//! ([`status`], pure, written only when it changes). Every failure becomes a condition reason, a
+//! Kubernetes Event and a retry with exponential backoff per policy ([`backoff`]).
+//! [`controller`] wires it to kube-runtime's watches; [`context`] is what reconciles share.
 
 pub mod apply;
 pub mod backoff;
+pub mod context;
 pub mod controller;
 pub mod desired;
+pub mod discover;
 pub mod endpoints;
 pub mod error;
 pub mod metrics;
 pub mod pool_api;
+pub mod reconcile;
 pub mod status;
 pub mod validate;
 

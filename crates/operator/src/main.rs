@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use burst_prefix_api::policy::DEFAULT_PRODUCER_IMAGE;
 use burst_prefix_operator::backoff::RetryBackoff;
-use burst_prefix_operator::controller::{self, Context, Settings};
+use burst_prefix_operator::context::{Context, Settings};
+use burst_prefix_operator::controller;
 use burst_prefix_operator::desired::{default_resources, ProducerDefaults};
 use burst_prefix_operator::metrics::Metrics;
 use burst_prefix_operator::pool_api::PoolApi;

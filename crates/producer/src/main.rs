@@ -1,5 +1,4 @@
 //! `burst-prefix-producer`: the producer service and its debugging tools.
-#![forbid(unsafe_code)]
 
 use std::io::Read;
 use std::process::ExitCode;

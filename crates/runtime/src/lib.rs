@@ -4,8 +4,6 @@
 //! readiness ([`api_access`]), and the producer's command line and ConfigMap key as the operator
 //! renders them ([`producer`], [`flags`]).
 
-#![forbid(unsafe_code)]
-
 pub mod admin;
 pub mod api_access;
 pub mod backoff;

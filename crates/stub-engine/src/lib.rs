@@ -19,8 +19,6 @@
 //! # Ok(()) }
 //! ```
 
-#![forbid(unsafe_code)]
-
 pub mod controls;
 pub mod openai;
 mod record;

@@ -1,7 +1,5 @@
 //! `burst-prefix-stub-engine`: the stub inference server as a process (the e2e test's pods).
 
-#![forbid(unsafe_code)]
-
 use std::net::SocketAddr;
 use std::process::ExitCode;
 

@@ -17,9 +17,8 @@
 //! kube-apiserver is the `kubernetes` Service's endpoint at the node's address, so in-cluster
 //! clients (an operator, a producer) reach it the way they do in any cluster.
 
-use std::ffi::{CString, OsString};
+use std::ffi::OsString;
 use std::fs;
-use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,6 +29,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node as NodeObject, ServiceAccount};
 use kube::Api;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 use crate::control_plane::{
     block_on_own_runtime, flag, InCluster, KUBERNETES_SERVICE_IP, SERVICE_CLUSTER_IP_RANGE,
@@ -72,32 +75,22 @@ pub fn enter_namespaces() -> Result<(), Error> {
             logs: String::new(),
         });
     }
-    // SAFETY: plain syscalls with valid arguments; the process has one thread (checked above).
-    let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWNS) };
-    if unshared != 0 {
-        return Err(Error::io(
+    // The process has one thread (checked above), so all of it moves.
+    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS).map_err(|errno| {
+        Error::io(
             "unshare(CLONE_NEWNET | CLONE_NEWNS) (the node needs root)",
-            io::Error::last_os_error(),
-        ));
-    }
-    // Mounts made from now on stay in this namespace, in both directions.
-    let root = CString::new("/").expect("no NUL");
-    // SAFETY: mount(2) with a valid path and null source/type/data, as MS_PRIVATE requires.
-    let private = unsafe {
-        libc::mount(
-            std::ptr::null(),
-            root.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
+            errno.into(),
         )
-    };
-    if private != 0 {
-        return Err(Error::io(
-            "making / a private mount",
-            io::Error::last_os_error(),
-        ));
-    }
+    })?;
+    // Mounts made from now on stay in this namespace, in both directions.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|errno| Error::io("making / a private mount", errno.into()))?;
     // Paths that containerd and the kubelet write whatever their configuration says: the shims'
     // sockets (/run/containerd/s) and the kubelet's log links (/var/log/containers).
     for dir in ["/run/containerd", "/var/log/containers"] {
@@ -661,10 +654,8 @@ impl Cgroups {
                 return;
             }
             for pid in pids {
-                // SAFETY: kill(2) with a pid read from the node's own cgroup.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
+                // A pid read from the node's own cgroup.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -716,15 +707,12 @@ fn cgroup_hierarchies() -> Result<Vec<PathBuf>, Error> {
     Ok(hierarchies)
 }
 
-fn pids_under(dir: &Path) -> Vec<libc::pid_t> {
+fn pids_under(dir: &Path) -> Vec<i32> {
     let mut pids = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
-            pids.extend(
-                text.lines()
-                    .filter_map(|l| l.trim().parse::<libc::pid_t>().ok()),
-            );
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
         }
         if let Ok(entries) = fs::read_dir(&dir) {
             stack.extend(
@@ -763,12 +751,7 @@ fn unmount_under(dir: &Path) {
         .collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for point in points {
-        if let Ok(path) = CString::new(point.to_string_lossy().as_bytes()) {
-            // SAFETY: umount2(2) with a valid NUL-terminated path.
-            unsafe {
-                libc::umount2(path.as_ptr(), libc::MNT_DETACH);
-            }
-        }
+        let _ = umount2(&point, MntFlags::MNT_DETACH);
     }
 }
 

@@ -22,6 +22,10 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use nix::sys::prctl;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{getppid, Pid};
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Runs `job` on the supervisor thread and waits for its result.
@@ -65,17 +69,16 @@ pub(crate) fn spawn_supervised(mut command: Command, log: &Path) -> io::Result<C
 }
 
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // pre_exec is unsafe by signature; the only unsafe code of the workspace.
 fn kill_with_parent(command: &mut Command) {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only the async-signal-safe
     // functions prctl and getppid.
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The parent may have died between fork and prctl: then nobody will send the signal.
-            if libc::getppid() as u32 != parent {
+            if getppid().as_raw() as u32 != parent {
                 return Err(io::Error::other(
                     "the test process exited while starting a child",
                 ));
@@ -95,11 +98,9 @@ pub(crate) fn stop(child: &mut Child, grace: Duration) {
     if child.try_wait().ok().flatten().is_some() {
         return;
     }
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: plain kill(2) on our own child, which has not been reaped (try_wait said so).
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // Our own child, not reaped yet (try_wait said so): the pid is still its.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
     }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {

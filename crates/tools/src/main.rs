@@ -1,6 +1,5 @@
 //! `burst-prefix-tools`: developer tools kept apart from the serving binary, so that the
 //! producer image carries only what serves.
-#![forbid(unsafe_code)]
 
 mod demo;
 

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use burst_prefix_producer::core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde_json::Value;
 
 /// How long any wait for an event may take before the test fails (generous: a loaded machine).
@@ -218,9 +220,8 @@ impl Binary {
     }
 
     pub fn terminate(&self) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) on our own child's pid, with a valid signal number.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+        kill(pid, Signal::SIGTERM).expect("SIGTERM to our own child");
     }
 
     /// Waits for the process to exit; its exit code.
