@@ -1,8 +1,8 @@
-//! Producer high availability (SPEC §10) on the real API server: three producer processes run
-//! with the command line the operator renders for `producer.replicas: 3` and the operator-made
-//! ServiceAccount's own token; they elect a leader with the operator-made Lease; only the leader
-//! is ready and plans. SIGKILL the leader: another takes over within the Lease duration, and a
-//! burst sent right after failover is still co-located.
+//! Producer high availability (docs/behaviour.md §10) on the real API server: three producer
+//! processes run with the command line the operator renders for `producer.replicas: 3` and the
+//! operator-made ServiceAccount's own token; they elect a leader with the operator-made Lease; only
+//! the leader is ready and plans. SIGKILL the leader: another takes over within the Lease duration,
+//! and a burst sent right after failover is still co-located.
 
 mod common;
 

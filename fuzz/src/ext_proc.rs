@@ -1,7 +1,7 @@
-//! The endpoint picker's request path (SPEC §9): the ext_proc messages of one HTTP request, as
-//! the data plane sends them on the wire (length-delimited protobuf, as gRPC frames carry them),
-//! in; what the picker answers out. No network: the picker only names endpoints, and the
-//! producer's windows hold one request each (`maxBatchSize: 1`), so a body is planned at once.
+//! The endpoint picker's request path (docs/behaviour.md §9): the ext_proc messages of one HTTP
+//! request, as the data plane sends them on the wire (length-delimited protobuf, as gRPC frames
+//! carry them), in; what the picker answers out. No network: the picker only names endpoints, and
+//! the producer's windows hold one request each (`maxBatchSize: 1`), so a body is planned at once.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;

@@ -1,6 +1,6 @@
-//! The producer config parser (SPEC §2, §11): text in, a valid config or a refusal that says why
-//! out; through the producer's config store, a refusal leaves the last good config in force, and
-//! an accepted config is one a request can be hashed and planned under.
+//! The producer config parser (docs/behaviour.md §2, §11): text in, a valid config or a refusal
+//! that says why out; through the producer's config store, a refusal leaves the last good config in
+//! force, and an accepted config is one a request can be hashed and planned under.
 
 use std::sync::Arc;
 

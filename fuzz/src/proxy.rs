@@ -1,6 +1,6 @@
-//! The proxy's request path (SPEC §8) up to the choice of a replica: a request (route, headers,
-//! body) through the proxy's router, whose producer has no config yet, so no request ever leaves
-//! the process; and the headers the proxy would forward.
+//! The proxy's request path (docs/behaviour.md §8) up to the choice of a replica: a request (route,
+//! headers, body) through the proxy's router, whose producer has no config yet, so no request ever
+//! leaves the process; and the headers the proxy would forward.
 //!
 //! Input: a first line that names the route (chat completions if it says `chat`), then
 //! `name: value` header lines up to an empty line, then the body (the seeds in

@@ -1,5 +1,5 @@
-//! The request body parser (SPEC §1): bytes in, a request or an error that names its field out,
-//! and a request hashes into prefix blocks deterministically.
+//! The request body parser (docs/behaviour.md §1): bytes in, a request or an error that names its
+//! field out, and a request hashes into prefix blocks deterministically.
 
 use burst_prefix_planner::{hash_prompts, BlockSpec, Prompt};
 use burst_prefix_producer::core::request::{InferenceRequest, PromptInput, RequestError};

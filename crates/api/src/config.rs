@@ -1,4 +1,4 @@
-//! The planner configuration (SPEC §2) and its one validation function.
+//! The planner configuration (docs/behaviour.md §2) and its one validation function.
 //!
 //! [`RULES`] is the single source of truth for what a valid config is: [`PlannerConfig::validate`]
 //! runs it in the operator and the producer, and the CRD schema carries the same rules as CEL
@@ -31,7 +31,7 @@ pub enum BalanceBy {
     Tokens,
 }
 
-/// SPEC §2: how requests are windowed, hashed and placed.
+/// docs/behaviour.md §2: how requests are windowed, hashed and placed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlannerConfig {
@@ -79,7 +79,7 @@ pub struct PlannerConfig {
     pub memory: MemoryConfig,
 }
 
-/// SPEC §7: memory across windows.
+/// docs/behaviour.md §7: memory across windows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemoryConfig {
@@ -174,7 +174,7 @@ impl Rule {
     }
 }
 
-/// Every rule of SPEC §2. `balanceBy` is an enum, so its type is its rule.
+/// Every rule of docs/behaviour.md §2. `balanceBy` is an enum, so its type is its rule.
 pub const RULES: &[Rule] = &[
     Rule {
         field: "windowDurationMs",
@@ -270,7 +270,7 @@ impl fmt::Display for Violation {
 pub struct ConfigError(pub Vec<Violation>);
 
 impl PlannerConfig {
-    /// The one validation function (SPEC §2).
+    /// The one validation function (docs/behaviour.md §2).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let violations: Vec<Violation> = RULES
             .iter()
@@ -318,7 +318,7 @@ impl PlannerConfig {
             .map(std::time::Duration::from_millis)
     }
 
-    /// The memory of a validated config, `None` when disabled (SPEC §4 exactly).
+    /// The memory of a validated config, `None` when disabled (docs/behaviour.md §4 exactly).
     pub fn memory_settings(&self) -> Option<MemorySettings> {
         let memory = &self.memory;
         if !memory.enabled {

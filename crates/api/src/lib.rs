@@ -1,5 +1,5 @@
 //! The contract shared by the CRD, the operator and the producer: the planner configuration
-//! (SPEC §2) with its one validation function, and the config file the producer reads.
+//! (docs/behaviour.md §2) with its one validation function, and the config file the producer reads.
 
 pub mod config;
 pub mod policy;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, PlannerConfig, Violation};
 
-/// One inference endpoint (SPEC §6): a (pod, target port) pair.
+/// One inference endpoint (docs/behaviour.md §6): a (pod, target port) pair.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Endpoint {
@@ -22,8 +22,8 @@ pub struct Endpoint {
     pub running_requests: Option<u64>,
 }
 
-/// The whole producer config: SPEC §2 fields, flat, plus `endpoints`. Unknown fields are refused
-/// by name (serde cannot deny unknown fields through `flatten`, hence the `try_from`).
+/// The whole producer config: docs/behaviour.md §2 fields, flat, plus `endpoints`. Unknown fields
+/// are refused by name (serde cannot deny unknown fields through `flatten`, hence the `try_from`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", try_from = "serde_yaml::Mapping")]
 pub struct ProducerConfig {

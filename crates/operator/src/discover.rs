@@ -73,7 +73,7 @@ fn pool_source(name: &str, data: &serde_json::Value) -> Result<(LabelSelector, V
     Ok((selector, ports))
 }
 
-/// The ready endpoints of a policy (SPEC §6).
+/// The ready endpoints of a policy (docs/behaviour.md §6).
 pub async fn discover(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<Vec<Endpoint>> {
     let source = resolve(ctx, policy).await?;
     ctx.remember_selector(&key_of(policy), &source.selector);

@@ -1,4 +1,4 @@
-//! SPEC §6: which pods are endpoints, and what they are called.
+//! docs/behaviour.md §6: which pods are endpoints, and what they are called.
 
 use burst_prefix_api::Endpoint;
 use k8s_openapi::api::core::v1::Pod;

@@ -193,7 +193,7 @@ fn producer_verdict(deployment: Option<&Deployment>) -> Verdict {
     let available = status.available_replicas.unwrap_or(0);
     let wanted = deployment.spec.replicas.unwrap_or(1);
     if available >= 1 {
-        // With several replicas only the leader is Ready (SPEC §10): one is the goal.
+        // With several replicas only the leader is Ready (docs/behaviour.md §10): one is the goal.
         verdict(
             State::True,
             "Available",

@@ -1,5 +1,5 @@
-//! Pure validation of a policy before anything is applied: the planner rules (SPEC §2, the
-//! one rule table), the selector, and whether this operator lets a policy choose its image. The
+//! Pure validation of a policy before anything is applied: the planner rules (docs/behaviour.md §2,
+//! the one rule table), the selector, and whether this operator lets a policy choose its image. The
 //! CRD's CEL rules refuse most of this when the policy is written; this catches what an older
 //! CRD let through.
 

@@ -1,4 +1,4 @@
-//! Answer size on large fleets (issue 17, item 6): a burst through `POST /v1/produce` with every
+//! Answer size on large fleets: a burst through `POST /v1/produce` with every
 //! endpoint listed in `matches` (the default, `?matches=all`) beside `?matches=nonzero` and
 //! `?matches=none`, at `--endpoints` replicas (a benchmark, not a test).
 //!

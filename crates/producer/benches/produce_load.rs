@@ -63,7 +63,8 @@ struct Options {
     /// finds them cached); many thousands make every window's prompts new to it.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     distinct_prompts: u32,
-    /// The producer's `memory.enabled` (SPEC §7): false plans every window cold, as llm-d does.
+    /// The producer's `memory.enabled` (docs/behaviour.md §7): false plans every window cold, as
+    /// llm-d does.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     memory: bool,
     /// windowDurationMs of the producer (and the no-op window server's clock) in the latency

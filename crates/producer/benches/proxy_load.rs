@@ -1,4 +1,5 @@
-//! A bounded load generator for proxy mode (SPEC §8) on loopback (a benchmark, not a test).
+//! A bounded load generator for proxy mode (docs/behaviour.md §8) on loopback (a benchmark, not a
+//! test).
 //!
 //! In this process: 4 stub engines (`crates/stub-engine`), the producer's proxy in front of
 //! them, and as baselines a *no-op proxy* (the same axum server and the same pooled reqwest
@@ -338,7 +339,8 @@ fn main() {
                 let tasks: Vec<_> = (0..48)
                     .map(|i| {
                         let (client, target) = (client.clone(), target.clone());
-                        // Distinct prompts per burst, so that no burst rides on the last one's groups.
+                        // Distinct prompts per burst, so that no burst rides on the last one's
+                        // groups.
                         let body = plain[(((burst * 6) % 64) * 8 + i) % plain.len()].clone();
                         tokio::spawn(async move { send(&client, &target, body).await })
                     })

@@ -1,4 +1,4 @@
-//! Memory per request (issue 17, item 4), measured on the real binary (a benchmark, not a test).
+//! Memory per request, measured on the real binary (a benchmark, not a test).
 //!
 //! For each body shape (a text prompt, a token-array prompt, chat messages): a fresh producer
 //! (`serve`, 4 endpoints, a 3 s window so that every body waits in it together), then
@@ -8,8 +8,8 @@
 //! Printed: the peak's growth as a multiple of the bytes of the bodies in flight (target ≤ 3x)
 //! and how far RSS stayed above its level before (target ≤ 64 MB).
 //!
-//! Run: `cargo bench -p burst-prefix-producer --bench request_memory [-- --concurrent 8 --body-mib 7.8]`
-//! (`-- --help` explains every flag).
+//! Run: `cargo bench -p burst-prefix-producer --bench request_memory [-- --concurrent 8 --body-mib
+//! 7.8]` (`-- --help` explains every flag).
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -1,10 +1,11 @@
-//! A soak bench (issue 15, "Producer reliability"): the real producer binary under a long,
+//! A soak bench: the real producer binary under a long,
 //! steady, mixed load on loopback, watched for growth (a benchmark, not a test).
 //!
 //! It starts `burst-prefix-producer serve` (this build's binary: `cargo bench` builds it with
 //! the `bench` profile, i.e. release) on loopback, with `--endpoints` endpoints and memory on
-//! (the default, SPEC §7), and sends an open-loop stream of `--rate` requests/s for `--seconds`
-//! (requests leave on schedule whatever the answers do). The stream mixes, by share of requests:
+//! (the default, docs/behaviour.md §7), and sends an open-loop stream of `--rate` requests/s for
+//! `--seconds` (requests leave on schedule whatever the answers do). The stream mixes, by share of
+//! requests:
 //!
 //! - 25% GRPO bursts with the group-size hint: one prompt x 8 samples sent at once, with
 //!   `x-burst-prefix-group-size: 8`;
@@ -32,9 +33,9 @@
 //! `--max-rss-growth-mib` and `--max-p99-ratio`, failures, and memory within its capacity. The
 //! bench exits 1 when the verdict is not "no growth".
 //!
-//! `--proxy`: the same stream through the producer's proxy (SPEC §8), `POST /v1/completions`
-//! and `/v1/chat/completions` (session turns streamed), to one in-process stub engine
-//! (`crates/stub-engine`) per endpoint.
+//! `--proxy`: the same stream through the producer's proxy (docs/behaviour.md §8), `POST
+//! /v1/completions` and `/v1/chat/completions` (session turns streamed), to one in-process stub
+//! engine (`crates/stub-engine`) per endpoint.
 //!
 //! The load generator (and, with `--proxy`, the stubs) share the machine's cores with the
 //! producer, so every figure includes their CPU use.

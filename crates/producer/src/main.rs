@@ -45,11 +45,17 @@ enum Command {
     /// Output: {"assignments": [{"id": "...", "endpoint": "..." or null, "totalBlocks": n}]},
     /// in request order.
     Plan,
-    /// Run the producer service: POST /v1/produce, POST /v1/plan, GET /v1/endpoints on
-    /// --listen; /healthz, /readyz, /metrics on --admin-listen.
+    /// Run the producer service (docs/behaviour.md): the scoring API, the OpenAI-compatible
+    /// proxy, the endpoint picker, and health and metrics.
     ///
-    /// Requests are collected into fixed windows of windowDurationMs, planned together, and
-    /// answered with per-endpoint prefix matches. The config comes from --config FILE or
+    /// --listen serves POST /v1/produce, POST /v1/plan and GET /v1/endpoints (the scoring API),
+    /// and POST /v1/completions, POST /v1/chat/completions and GET /v1/models (the proxy: each
+    /// request goes to the replica its window placed it on). --epp-listen serves Envoy's
+    /// ext_proc gRPC service, for Gateway API Inference Extension gateways (an InferencePool's
+    /// endpoint picker). --admin-listen serves /healthz, /readyz and /metrics.
+    ///
+    /// Requests are collected into windows of windowDurationMs, planned together, and placed so
+    /// that a shared prompt is prefilled once. The config comes from --config FILE or
     /// --configmap NAMESPACE/NAME and is reloaded on change. SIGTERM/SIGINT answer the open
     /// window and exit 0; a startup failure exits 2.
     Serve(Box<serve::ServeArgs>),

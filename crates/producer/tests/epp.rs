@@ -1,6 +1,7 @@
-//! Endpoint picker mode (SPEC §9) over real gRPC on loopback, with an ext_proc client built from
-//! Envoy's own protos, driving each stream as Envoy does: request headers (with the subset hint
-//! in filter metadata), the body in chunks until end of stream, trailers, and the response path.
+//! Endpoint picker mode (docs/behaviour.md §9) over real gRPC on loopback, with an ext_proc client
+//! built from Envoy's own protos, driving each stream as Envoy does: request headers (with the
+//! subset hint in filter metadata), the body in chunks until end of stream, trailers, and the
+//! response path.
 
 mod common;
 

@@ -1,8 +1,9 @@
-//! The producer under misbehaving clients and careless configs (issue 17), as the real binary on
-//! loopback: slow clients are closed, the admin port answers while the API is saturated, fds come
-//! back after a flood, bad configs are refused at start and on reload, `/v1/plan` is bounded and
-//! abandoned when its client leaves, and SIGTERM exits 0 within the shutdown timeout whatever
-//! clients hold. Every loop is bounded in count and time; deadlines are generous ("eventually").
+//! The producer under misbehaving clients and careless configs (docs/behaviour.md §11), as the real
+//! binary on loopback: slow clients are closed, the admin port answers while the API is saturated,
+//! fds come back after a flood, bad configs are refused at start and on reload, `/v1/plan` is
+//! bounded and abandoned when its client leaves, and SIGTERM exits 0 within the shutdown timeout
+//! whatever clients hold. Every loop is bounded in count and time; deadlines are generous
+//! ("eventually").
 
 mod common;
 

@@ -1,5 +1,5 @@
-//! Memory across windows (SPEC §7) through the service: a conversation's next turn, in a later
-//! window, goes where its first turn was placed; the metrics say so.
+//! Memory across windows (docs/behaviour.md §7) through the service: a conversation's next turn, in
+//! a later window, goes where its first turn was placed; the metrics say so.
 
 mod common;
 
@@ -140,7 +140,7 @@ async fn without_memory_the_second_turn_is_on_its_own() {
     );
     let local = Local::start(&yaml).await;
     let first = window_of(&local, (0..4).map(|s| conversation(s, 1)).collect()).await;
-    // SPEC §4 with N = 0: distinct prompts are no units; nothing is remembered either.
+    // docs/behaviour.md §4 with N = 0: distinct prompts are no units; nothing is remembered either.
     assert!(first.iter().all(|a| assigned(a).is_none()));
     let second = window_of(&local, (0..4).map(|s| conversation(s, 2)).collect()).await;
     for answer in &second {

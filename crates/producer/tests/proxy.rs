@@ -1,5 +1,5 @@
-//! Proxy mode (SPEC §8) over real HTTP on loopback, in front of real upstream servers: stub
-//! engines (`crates/stub-engine`) that record what reached them and stream SSE.
+//! Proxy mode (docs/behaviour.md §8) over real HTTP on loopback, in front of real upstream servers:
+//! stub engines (`crates/stub-engine`) that record what reached them and stream SSE.
 
 mod common;
 

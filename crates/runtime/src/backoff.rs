@@ -5,7 +5,7 @@
 //! watch on its own: kube-runtime's `Controller::trigger_backoff` wraps the merged stream of all
 //! of a controller's watches, so while one watch backs off, every other watch is paused too, and
 //! after a restart the watches fail and sleep one after the other (eight watches x up to 5 s
-//! each was the ~45 s recovery of issue 15).
+//! each was a ~45 s recovery after an API server restart).
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Leader election with a `coordination.k8s.io` Lease (kube-lease-manager), for the operator
-//! (one active reconciler) and the producer (one active window per policy, SPEC §10).
+//! (one active reconciler) and the producer (one active window per policy, docs/behaviour.md §10).
 //!
 //! Holding a Lease that exists takes `get` and `patch` on it ([`LEASE_VERBS`]); creating a
 //! missing one also takes `create` (which RBAC cannot restrict to one name), so the chart

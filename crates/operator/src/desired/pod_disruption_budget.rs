@@ -1,6 +1,7 @@
 //! With more than one producer replica, a drain takes at most one at a time. Only the leader is
-//! Ready (SPEC §10), so the followers are "unhealthy" to the budget: `AlwaysAllow` lets them be
-//! evicted whenever, and the budget then protects the leader while no follower is Ready.
+//! Ready (docs/behaviour.md §10), so the followers are "unhealthy" to the budget: `AlwaysAllow`
+//! lets them be evicted whenever, and the budget then protects the leader while no follower is
+//! Ready.
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};

@@ -253,7 +253,7 @@ mod tests {
     #[test]
     fn a_block_larger_than_any_prompt_is_valid_and_hashes_one_block_per_prompt() {
         // The fuzz target producer_config's input (fuzz/seeds/producer_config/huge_block.yaml):
-        // hashing under it overflowed (SPEC §2 allows any blockSizeTokens >= 1).
+        // hashing under it overflowed (docs/behaviour.md §2 allows any blockSizeTokens >= 1).
         let (store, _) = store();
         let text = "blockSizeTokens: 4611686018427387904\nmemory: {cacheTokensPerReplica: 4611686018427387904}\nendpoints: []\n";
         assert_eq!(store.apply_text(text).unwrap(), Applied::Accepted(1));

@@ -29,13 +29,14 @@ pub struct Placement {
     pub sealed_by: SealReason,
     /// The config the window was planned with.
     pub snapshot: Arc<Snapshot>,
-    /// With memory (SPEC §7): what each endpoint held of the request when it was placed.
+    /// With memory (docs/behaviour.md §7): what each endpoint held of the request when it was
+    /// placed.
     pub memory: Option<RequestHeld>,
 }
 
 impl Placement {
-    /// `matchBlocks` for endpoint `endpoint` (a config index), SPEC §5: every block on the
-    /// assigned replica; elsewhere, with memory, the leading blocks the endpoint held; else 0.
+    /// `matchBlocks` for endpoint `endpoint` (a config index), docs/behaviour.md §5: every block on
+    /// the assigned replica; elsewhere, with memory, the leading blocks the endpoint held; else 0.
     pub fn match_blocks(&self, endpoint: usize) -> usize {
         if self.assigned == Some(endpoint) {
             self.total_blocks

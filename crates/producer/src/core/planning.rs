@@ -39,7 +39,7 @@ impl WindowPlanner {
         let blocks = IntGaugeVec::new(
             Opts::new(
                 "burst_prefix_memory_blocks",
-                "Prefix blocks the planner's memory holds for an endpoint (SPEC §7)",
+                "Prefix blocks the planner's memory holds for an endpoint (docs/behaviour.md §7)",
             ),
             &["endpoint"],
         )

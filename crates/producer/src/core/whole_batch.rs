@@ -156,7 +156,7 @@ pub fn plan_input(input: &PlanInput<'_>, bounds: &PlanBounds<'_>) -> Result<Plan
             running_requests: replica.running_requests,
         })
         .collect();
-    // A batch planned on its own: no memory of other batches (SPEC §4 exactly).
+    // A batch planned on its own: no memory of other batches (docs/behaviour.md §4 exactly).
     let plan = plan_batch(&input.config.plan_params(), &replicas, &hashed, None);
     let assignments = input
         .requests

@@ -1,6 +1,6 @@
-//! Endpoint picker mode (SPEC §9): the Endpoint Picker Protocol of the Gateway API Inference
-//! Extension, so that any GAIE gateway (Envoy Gateway, kgateway, Istio, GKE Gateway) can use
-//! burst-prefix as an `InferencePool`'s endpoint picker.
+//! Endpoint picker mode (docs/behaviour.md §9): the Endpoint Picker Protocol of the Gateway API
+//! Inference Extension, so that any GAIE gateway (Envoy Gateway, kgateway, Istio, GKE Gateway) can
+//! use burst-prefix as an `InferencePool`'s endpoint picker.
 //!
 //! It is Envoy's external processing gRPC service (`envoy.service.ext_proc.v3.ExternalProcessor`),
 //! one stream per HTTP request:

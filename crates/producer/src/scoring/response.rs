@@ -1,6 +1,6 @@
-//! What a `POST /v1/produce` request gets back (SPEC §5): per candidate endpoint, the blocks it
-//! matches (all of them on the assigned replica; elsewhere what memory says it holds, else none)
-//! and the score.
+//! What a `POST /v1/produce` request gets back (docs/behaviour.md §5): per candidate endpoint, the
+//! blocks it matches (all of them on the assigned replica; elsewhere what memory says it holds,
+//! else none) and the score.
 
 use serde::{Deserialize, Serialize};
 

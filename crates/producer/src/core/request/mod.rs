@@ -1,5 +1,5 @@
 //! An inference request body (OpenAI completions or chat completions, as a client or a gateway
-//! sends it) read into prompts and prefix blocks (SPEC §1).
+//! sends it) read into prompts and prefix blocks (docs/behaviour.md §1).
 //!
 //! The body is parsed straight into typed, borrowed values (strings point into the body wherever
 //! JSON escapes allow), never into a `serde_json::Value` tree: parsing costs about the body's own
@@ -64,7 +64,7 @@ impl<'a> InferenceRequest<'a> {
         Ok(request)
     }
 
-    /// Block hashes per non-empty prompt (SPEC §1).
+    /// Block hashes per non-empty prompt (docs/behaviour.md §1).
     pub fn block_hashes(&self, spec: BlockSpec) -> Vec<Vec<BlockHash>> {
         let prompts: Vec<Prompt<'_>> = self.prompts.iter().map(PromptInput::as_prompt).collect();
         hash_prompts(&self.model, &self.cache_salt, &prompts, spec)

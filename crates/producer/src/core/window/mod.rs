@@ -1,9 +1,9 @@
-//! The window (SPEC §3): requests that arrive close together are planned together.
+//! The window (docs/behaviour.md §3): requests that arrive close together are planned together.
 //!
 //! - The first request into an empty window opens it, snapshots the config in force, and arms a
 //!   one-shot timer of `windowDurationMs` (fixed from that first request, not sliding): the
 //!   upper bound of every request's wait.
-//! - A window seals earlier when it can (issue 12): when every group a client hinted the size of
+//! - A window seals earlier when it can: when every group a client hinted the size of
 //!   (`group_size`) is complete (`hints`), when no request arrived for `idleSealMs` (`idle`, off
 //!   by default), or when it holds `maxBatchSize` requests (`full`). Sealing takes the window out
 //!   under the lock, so the next request opens a new one.
