@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_test_support::ControlPlane;
-use common::{
+use common::{vllm_policy, 
     binary, condition, create_pod, create_policy, eventually, free_port, install_crd,
     producer_config, repo, set_pod_status, Process, TIMEOUT,
 };
@@ -1243,7 +1243,7 @@ async fn policy_reaches_the_configmap(client: &Client, namespace: &str, operator
         client,
         namespace,
         "rl",
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
+        vllm_policy(json!({})),
     )
     .await;
     create_pod(client, namespace, "vllm-0", "vllm").await;
@@ -1540,7 +1540,7 @@ async fn cluster_wide_install_runs_the_operator_with_the_chart_rbac_then_uninsta
         &client,
         &app_ns,
         "denied",
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
+        vllm_policy(json!({})),
     )
     .await;
     eventually(

@@ -7,8 +7,8 @@
 mod common;
 
 use burst_prefix_test_support::ControlPlane;
-use common::{
-    children_of, condition_full, create_pod, create_policy, eventually, install_crd, policy_events,
+use common::{Scene, 
+    children_of, condition_full, create_pod, create_policy, eventually, policy_events,
     producer_config, repo, set_pod_status, start_operator, TIMEOUT,
 };
 use serde_json::json;
@@ -39,10 +39,11 @@ fn kubectl(control_plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pool_api_is_reported_missing_then_noticed_then_used() {
-    let control_plane = ControlPlane::shared();
-    install_crd(control_plane);
-    let client = control_plane.client();
-    let ns = control_plane.namespace("pool").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("pool").await;
     let operator = start_operator(control_plane, &ns, &["--pool-api-recheck-seconds", "1"]);
     create_policy(
         &client,

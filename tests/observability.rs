@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use burst_prefix_test_support::ControlPlane;
-use common::{
+use common::{vllm_policy, 
     binary, create_policy, eventually, free_port, http_get, install_crd, repo, start_operator_as,
     Process, TIMEOUT,
 };
@@ -185,7 +185,7 @@ async fn every_metric_the_alerts_and_dashboard_query_is_exported() {
     let operator = start_operator_as(control_plane, control_plane.kubeconfig(), &ns, &[]);
     let client = control_plane.client();
     let spec =
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
+        vllm_policy(json!({}));
     create_policy(&client, &ns, "works", spec.clone()).await;
     let mut broken = spec;
     broken["producer"] = json!({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}});

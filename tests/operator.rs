@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_test_support::ControlPlane;
-use common::{
+use common::{Scene, vllm_policy, 
     condition, create_pod, create_policy, endpoint_ids, eventually, install_crd, producer_config,
     set_pod_status, start_operator, start_producer, TIMEOUT,
 };
@@ -26,21 +26,20 @@ use serde_json::{json, Value};
 /// deleted or edited children are reconciled.
 #[tokio::test(flavor = "multi_thread")]
 async fn policy_pods_configmap_producer_and_churn() {
-    let control_plane = ControlPlane::shared();
-    install_crd(control_plane);
-    let client = control_plane.client();
-    let ns = control_plane.namespace("operator").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("operator").await;
     let operator = start_operator(control_plane, &ns, &[]);
 
     create_policy(
         &client,
         &ns,
         "rl",
-        json!({
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "targetPorts": [{"number": 8000}],
+        vllm_policy(json!({
             "windowDurationMs": 200,
-        }),
+        })),
     )
     .await;
     for i in 0..3 {
@@ -394,10 +393,11 @@ fn kubectl_apply(control_plane: &ControlPlane, yaml: &str) -> Result<(), String>
 /// Two operators with leader election: one leads; when it goes, the other takes over.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_operators_one_leader() {
-    let control_plane = ControlPlane::shared();
-    install_crd(control_plane);
-    let client = control_plane.client();
-    let ns = control_plane.namespace("leader").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("leader").await;
     let args = |identity: &'static str| {
         vec![
             "--leader-elect",
@@ -426,7 +426,7 @@ async fn two_operators_one_leader() {
         &client,
         &ns,
         "rl",
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
+        vllm_policy(json!({})),
     )
     .await;
     eventually("the leader to reconcile", TIMEOUT, || async {
@@ -476,10 +476,11 @@ async fn two_operators_one_leader() {
 /// spread, and lose them again at one replica.
 #[tokio::test(flavor = "multi_thread")]
 async fn producers_follow_the_operator_image_and_their_replicas() {
-    let control_plane = ControlPlane::shared();
-    install_crd(control_plane);
-    let client = control_plane.client();
-    let ns = control_plane.namespace("producers").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("producers").await;
     let image_args = |image: &'static str| {
         vec![
             "--producer-image",
@@ -490,7 +491,7 @@ async fn producers_follow_the_operator_image_and_their_replicas() {
     };
     let operator = start_operator(control_plane, &ns, &image_args("example.com/producer:v2"));
     let spec =
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
+        vllm_policy(json!({}));
     create_policy(&client, &ns, "rl", spec.clone()).await;
     let mut pinned = spec.clone();
     pinned["producer"] = json!({"image": "example.com/producer:pinned"});

@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use burst_prefix_test_support::ControlPlane;
-use common::{
-    children_of, condition_full, create_policy, eventually, http_get, install_crd, policy_events,
+use common::{Scene, vllm_policy, 
+    children_of, condition_full, create_policy, eventually, http_get, policy_events,
     producer_config, start_operator, start_operator_as, Process, TIMEOUT,
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -17,14 +15,6 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-
-/// The CRD, installed once for every test of this binary (one test loosens its schema later).
-fn setup() -> &'static ControlPlane {
-    static CRD: OnceLock<()> = OnceLock::new();
-    let control_plane = ControlPlane::shared();
-    CRD.get_or_init(|| install_crd(control_plane));
-    control_plane
-}
 
 /// Waits for condition `type_` of `policy` to have `reason`; returns its message.
 async fn reason(
@@ -130,19 +120,19 @@ async fn attempt_times(
 /// apart. Once fixed, the children appear.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_apply_is_reported_leaves_nothing_behind_and_backs_off() {
-    let control_plane = setup();
-    let client = control_plane.client();
-    let ns = control_plane.namespace("apply-failed").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("apply-failed").await;
     let operator = start_operator(control_plane, &ns, &[]);
     create_policy(
         &client,
         &ns,
         "rl",
-        json!({
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "targetPorts": [{"number": 8000}],
+        vllm_policy(json!({
             "producer": {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}},
-        }),
+        })),
     )
     .await;
     // Polled from the start, so that no attempt is missed.
@@ -216,9 +206,11 @@ async fn a_refused_apply_is_reported_leaves_nothing_behind_and_backs_off() {
 /// gets no children.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_disallowed_image_is_invalid_config() {
-    let control_plane = setup();
-    let client = control_plane.client();
-    let ns = control_plane.namespace("image-policy").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("image-policy").await;
     let operator = start_operator(
         control_plane,
         &ns,
@@ -228,11 +220,9 @@ async fn a_disallowed_image_is_invalid_config() {
         &client,
         &ns,
         "pinned",
-        json!({
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "targetPorts": [{"number": 8000}],
+        vllm_policy(json!({
             "producer": {"image": "docker.io/someone/producer:1"},
-        }),
+        })),
     )
     .await;
     let message = reason(
@@ -274,9 +264,11 @@ async fn a_disallowed_image_is_invalid_config() {
 /// Event; the watch keeps working for every other policy.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreadable_spec_is_invalid_config_and_does_not_break_the_watch() {
-    let control_plane = setup();
-    let client = control_plane.client();
-    let ns = control_plane.namespace("unreadable").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("unreadable").await;
     let patch = json!([{
         "op": "remove",
         "path": "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/balanceBy/enum",
@@ -324,7 +316,7 @@ async fn an_unreadable_spec_is_invalid_config_and_does_not_break_the_watch() {
         &client,
         &ns,
         "good",
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
+        vllm_policy(json!({})),
     )
     .await;
     let message = reason(
@@ -360,9 +352,11 @@ async fn an_unreadable_spec_is_invalid_config_and_does_not_break_the_watch() {
 /// and recovers when access is back.
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_fails_while_the_api_server_refuses_the_operator() {
-    let control_plane = setup();
-    let client = control_plane.client();
-    let ns = control_plane.namespace("refused").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("refused").await;
     let token = control_plane
         .service_account_token(&ns, "operator")
         .await
@@ -391,7 +385,7 @@ async fn readiness_fails_while_the_api_server_refuses_the_operator() {
     })
     .await;
     let spec =
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
+        vllm_policy(json!({}));
     create_policy(&client, &ns, "first", spec.clone()).await;
     eventually("the first policy's ConfigMap", TIMEOUT, || async {
         producer_config(&client, &ns, "first-producer").await

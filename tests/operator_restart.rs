@@ -7,25 +7,25 @@ mod common;
 
 use std::time::Instant;
 
-use burst_prefix_test_support::ControlPlane;
-use common::{
-    create_pod, create_policy, endpoint_ids, eventually, install_crd, set_pod_status,
+use common::{Scene, vllm_policy, 
+    create_pod, create_policy, endpoint_ids, eventually, set_pod_status,
     start_operator, TIMEOUT,
 };
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn operator_recovers_after_apiserver_restart() {
-    let control_plane = ControlPlane::shared();
-    install_crd(control_plane);
-    let client = control_plane.client();
-    let ns = control_plane.namespace("restart").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("restart").await;
     let mut operator = start_operator(control_plane, &ns, &[]);
     create_policy(
         &client,
         &ns,
         "rl",
-        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
+        vllm_policy(json!({})),
     )
     .await;
     create_pod(&client, &ns, "vllm-0", "vllm").await;

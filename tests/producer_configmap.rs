@@ -5,8 +5,7 @@
 
 mod common;
 
-use burst_prefix_test_support::ControlPlane;
-use common::{eventually, start_producer, TIMEOUT};
+use common::{Scene, eventually, start_producer, TIMEOUT};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -26,9 +25,11 @@ fn config(endpoints: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn configmap_updates_apply_and_bad_ones_are_rejected() {
-    let control_plane = ControlPlane::shared();
-    let client = control_plane.client();
-    let ns = control_plane.namespace("producer").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("producer").await;
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     let config_map: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "producer"},

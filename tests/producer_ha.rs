@@ -112,21 +112,20 @@ async fn burst(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_leader_serves_and_a_follower_takes_over_after_sigkill() {
-    let control_plane = ControlPlane::shared();
-    install_crd(control_plane);
-    let client = control_plane.client();
-    let ns = control_plane.namespace("ha").await.unwrap();
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("ha").await;
     let _operator = start_operator(control_plane, &ns, &[]);
     create_policy(
         &client,
         &ns,
         "rl",
-        json!({
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "targetPorts": [{"number": 8000}],
+        vllm_policy(json!({
             "windowDurationMs": 300,
             "producer": {"replicas": 3},
-        }),
+        })),
     )
     .await;
     for i in 0..4 {

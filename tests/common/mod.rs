@@ -149,6 +149,36 @@ where
     }
 }
 
+/// The prologue of a test against the control plane: the shared control plane with the project's
+/// CRD installed (once per test binary), a client, and a namespace of the test's own.
+pub struct Scene {
+    pub control_plane: &'static ControlPlane,
+    pub client: Client,
+    pub ns: String,
+}
+
+impl Scene {
+    pub async fn new(namespace_prefix: &str) -> Scene {
+        static CRD: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        let control_plane = ControlPlane::shared();
+        CRD.get_or_init(|| install_crd(control_plane));
+        Scene {
+            control_plane,
+            client: control_plane.client(),
+            ns: control_plane.namespace(namespace_prefix).await.unwrap(),
+        }
+    }
+}
+
+/// A policy spec that selects the `app=vllm` pods on port 8000, with `extra` spec fields.
+pub fn vllm_policy(extra: Value) -> Value {
+    let mut spec = json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    spec
+}
+
 /// Applies the project's CRD with kubectl, as a user would, and waits until it is served.
 pub fn install_crd(control_plane: &ControlPlane) {
     let output = control_plane

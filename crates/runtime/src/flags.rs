@@ -35,3 +35,18 @@ pub const LISTEN: &str = "listen";
 pub const ADMIN_LISTEN: &str = "admin-listen";
 /// `serve --epp-listen ADDR`: the gRPC endpoint picker (Envoy ext_proc).
 pub const EPP_LISTEN: &str = "epp-listen";
+/// `serve --drain-timeout-ms MS`: on SIGTERM, how long requests in flight and streams may run
+/// on before they are cut (the pod's `terminationGracePeriodSeconds` follows it).
+pub const DRAIN_TIMEOUT_MS: &str = "drain-timeout-ms";
+/// `serve --epp-tls-cert FILE`: the endpoint picker's TLS certificate chain (PEM); with
+/// `--epp-tls-key`. Without them the picker serves TLS with a self-signed certificate.
+pub const EPP_TLS_CERT: &str = "epp-tls-cert";
+/// `serve --epp-tls-key FILE`: the private key (PEM) of `--epp-tls-cert`.
+pub const EPP_TLS_KEY: &str = "epp-tls-key";
+/// `serve --epp-plaintext`: serve the endpoint picker as plaintext h2c (sidecar setups).
+pub const EPP_PLAINTEXT: &str = "epp-plaintext";
+/// `serve --tls-cert FILE`: serve the API port (scoring API and proxy) over TLS; with
+/// `--tls-key`.
+pub const TLS_CERT: &str = "tls-cert";
+/// `serve --tls-key FILE`: the private key (PEM) of `--tls-cert`.
+pub const TLS_KEY: &str = "tls-key";
