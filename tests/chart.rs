@@ -13,9 +13,9 @@ use std::process::{Command, Stdio};
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_test_support::ControlPlane;
-use common::{vllm_policy, 
+use common::{
     binary, condition, create_pod, create_policy, eventually, free_port, install_crd,
-    producer_config, repo, set_pod_status, Process, TIMEOUT,
+    producer_config, repo, set_pod_status, vllm_policy, Process, TIMEOUT,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{
@@ -1239,13 +1239,7 @@ where
 /// A policy and a ready pod in `namespace` become the producer's ConfigMap and the policy's
 /// status: the operator's whole write path (children and status) under the chart's RBAC.
 async fn policy_reaches_the_configmap(client: &Client, namespace: &str, operator: &Process) {
-    create_policy(
-        client,
-        namespace,
-        "rl",
-        vllm_policy(json!({})),
-    )
-    .await;
+    create_policy(client, namespace, "rl", vllm_policy(json!({}))).await;
     create_pod(client, namespace, "vllm-0", "vllm").await;
     set_pod_status(client, namespace, "vllm-0", "10.2.0.1", true).await;
     let expected = format!("{namespace}/vllm-0-rank-0");
@@ -1536,13 +1530,7 @@ async fn cluster_wide_install_runs_the_operator_with_the_chart_rbac_then_uninsta
             .any(|m| m.starts_with("missing: create /configmaps")),
         "{denied:?}"
     );
-    create_policy(
-        &client,
-        &app_ns,
-        "denied",
-        vllm_policy(json!({})),
-    )
-    .await;
+    create_policy(&client, &app_ns, "denied", vllm_policy(json!({}))).await;
     eventually(
         "the operator to be refused the ConfigMap",
         TIMEOUT,

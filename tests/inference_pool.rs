@@ -7,9 +7,9 @@
 mod common;
 
 use burst_prefix_test_support::ControlPlane;
-use common::{Scene, 
+use common::{
     children_of, condition_full, create_pod, create_policy, eventually, policy_events,
-    producer_config, repo, set_pod_status, start_operator, TIMEOUT,
+    producer_config, repo, set_pod_status, start_operator, Scene, TIMEOUT,
 };
 use serde_json::json;
 

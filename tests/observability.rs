@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use burst_prefix_test_support::ControlPlane;
-use common::{vllm_policy, 
+use common::{
     binary, create_policy, eventually, free_port, http_get, install_crd, repo, start_operator_as,
-    Process, TIMEOUT,
+    vllm_policy, Process, TIMEOUT,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -156,13 +156,14 @@ async fn every_metric_the_alerts_and_dashboard_query_is_exported() {
         "windowDurationMs: 50\nendpoints:\n  - {id: ns/a-rank-0, address: '127.0.0.1:9'}\n  - {id: ns/b-rank-0, address: '127.0.0.1:10'}\n",
     )
     .unwrap();
-    let (api, admin) = (free_port(), free_port());
+    let (api, admin, epp) = (free_port(), free_port(), free_port());
     let mut command = Command::new(binary("burst-prefix-producer"));
     command
         .args(["serve", "--config"])
         .arg(&config)
         .args(["--listen", &format!("127.0.0.1:{api}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")]);
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--epp-listen", &format!("127.0.0.1:{epp}")]);
     let producer = Process::spawn("producer", &mut command, control_plane.dir());
     let http = reqwest::Client::new();
     eventually("the producer to be ready", TIMEOUT, || async {
@@ -184,8 +185,7 @@ async fn every_metric_the_alerts_and_dashboard_query_is_exported() {
     let ns = control_plane.namespace("observability").await.unwrap();
     let operator = start_operator_as(control_plane, control_plane.kubeconfig(), &ns, &[]);
     let client = control_plane.client();
-    let spec =
-        vllm_policy(json!({}));
+    let spec = vllm_policy(json!({}));
     create_policy(&client, &ns, "works", spec.clone()).await;
     let mut broken = spec;
     broken["producer"] = json!({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}});

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_test_support::ControlPlane;
-use common::{Scene, vllm_policy, 
+use common::{
     condition, create_pod, create_policy, endpoint_ids, eventually, install_crd, producer_config,
-    set_pod_status, start_operator, start_producer, TIMEOUT,
+    set_pod_status, start_operator, start_producer, vllm_policy, Scene, TIMEOUT,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -422,13 +422,7 @@ async fn two_operators_one_leader() {
     })
     .await;
     // Only the holder reconciles: a policy gets its ConfigMap, and only the leader says so.
-    create_policy(
-        &client,
-        &ns,
-        "rl",
-        vllm_policy(json!({})),
-    )
-    .await;
+    create_policy(&client, &ns, "rl", vllm_policy(json!({}))).await;
     eventually("the leader to reconcile", TIMEOUT, || async {
         producer_config(&client, &ns, "rl-producer").await
     })
@@ -490,8 +484,7 @@ async fn producers_follow_the_operator_image_and_their_replicas() {
         ]
     };
     let operator = start_operator(control_plane, &ns, &image_args("example.com/producer:v2"));
-    let spec =
-        vllm_policy(json!({}));
+    let spec = vllm_policy(json!({}));
     create_policy(&client, &ns, "rl", spec.clone()).await;
     let mut pinned = spec.clone();
     pinned["producer"] = json!({"image": "example.com/producer:pinned"});

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Scene, vllm_policy, 
+use common::{
     children_of, condition_full, create_policy, eventually, http_get, policy_events,
-    producer_config, start_operator, start_operator_as, Process, TIMEOUT,
+    producer_config, start_operator, start_operator_as, vllm_policy, Process, Scene, TIMEOUT,
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -312,13 +312,7 @@ async fn an_unreadable_spec_is_invalid_config_and_does_not_break_the_watch() {
     })
     .await;
     let operator = start_operator(control_plane, &ns, &[]);
-    create_policy(
-        &client,
-        &ns,
-        "good",
-        vllm_policy(json!({})),
-    )
-    .await;
+    create_policy(&client, &ns, "good", vllm_policy(json!({}))).await;
     let message = reason(
         &client,
         &ns,
@@ -384,8 +378,7 @@ async fn readiness_fails_while_the_api_server_refuses_the_operator() {
         http_get(&readyz).await.filter(|(code, _)| *code == 200)
     })
     .await;
-    let spec =
-        vllm_policy(json!({}));
+    let spec = vllm_policy(json!({}));
     create_policy(&client, &ns, "first", spec.clone()).await;
     eventually("the first policy's ConfigMap", TIMEOUT, || async {
         producer_config(&client, &ns, "first-producer").await

@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Instant;
 
-use common::{Scene, vllm_policy, 
-    create_pod, create_policy, endpoint_ids, eventually, set_pod_status,
-    start_operator, TIMEOUT,
+use common::{
+    create_pod, create_policy, endpoint_ids, eventually, set_pod_status, start_operator,
+    vllm_policy, Scene, TIMEOUT,
 };
 use serde_json::json;
 
@@ -21,13 +21,7 @@ async fn operator_recovers_after_apiserver_restart() {
         ns,
     } = Scene::new("restart").await;
     let mut operator = start_operator(control_plane, &ns, &[]);
-    create_policy(
-        &client,
-        &ns,
-        "rl",
-        vllm_policy(json!({})),
-    )
-    .await;
+    create_policy(&client, &ns, "rl", vllm_policy(json!({}))).await;
     create_pod(&client, &ns, "vllm-0", "vllm").await;
     set_pod_status(&client, &ns, "vllm-0", "10.2.0.1", true).await;
     eventually("one endpoint", TIMEOUT, || async {

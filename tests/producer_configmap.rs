@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Scene, eventually, start_producer, TIMEOUT};
+use common::{eventually, start_producer, Scene, TIMEOUT};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams, PostParams};
