@@ -9,7 +9,7 @@ use http::StatusCode;
 
 use super::request::RequestError;
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PlaceError {
     /// The body (or a hint) is not a valid inference request; the message names the field.
     #[error("{0}")]
@@ -18,6 +18,8 @@ pub enum PlaceError {
     BodyTooLarge { limit: usize },
     #[error("the request body could not be read: {0}")]
     BodyUnreadable(String),
+    #[error("the request body did not arrive within {seconds} s (--body-timeout-ms)")]
+    BodyTimeout { seconds: f64 },
     /// The gateway sends the body in a way a router by prompt cannot use.
     #[error(
         "request_body_mode {mode} cannot be routed by prompt; configure FULL_DUPLEX_STREAMED or BUFFERED"
@@ -56,6 +58,7 @@ impl PlaceError {
             PlaceError::BadRequest(error) => error.code(),
             PlaceError::BodyTooLarge { .. } => "body_too_large",
             PlaceError::BodyUnreadable(_) => "invalid_body",
+            PlaceError::BodyTimeout { .. } => "body_timeout",
             PlaceError::UnsupportedBodyMode { .. } => "unsupported_body_mode",
             PlaceError::NoEndpoints => "no_endpoints",
             PlaceError::NoEligibleEndpoint => "no_eligible_endpoint",
@@ -72,6 +75,7 @@ impl PlaceError {
         match self {
             PlaceError::BadRequest(_) | PlaceError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             PlaceError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            PlaceError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PlaceError::BatchFull { .. } | PlaceError::WindowFull { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -123,7 +127,7 @@ impl PlaceError {
 /// A refusal that was counted (`burst_prefix_requests_total{outcome="rejected"}`). Only the core
 /// makes one ([`super::Producer::place`], [`super::Producer::refuse`], the routing calls), so a
 /// front-end cannot answer a refusal without counting it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{0}")]
 pub struct Refused(PlaceError);
 

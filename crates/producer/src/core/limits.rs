@@ -1,5 +1,7 @@
 //! The limits every front-end applies, with their defaults (docs/behaviour.md, "Limits").
 
+use std::time::Duration;
+
 use super::error::PlaceError;
 
 /// Default limit of a request body: 8 MiB.
@@ -8,6 +10,8 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_MAX_WINDOW_BYTES: usize = 256 * 1024 * 1024;
 /// Default of `--max-plan-replicas`.
 pub const DEFAULT_MAX_PLAN_REPLICAS: usize = 10_000;
+/// Default of `--body-timeout-ms`: the longest a request's body may take to arrive.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -18,6 +22,9 @@ pub struct Limits {
     pub max_window_bytes: usize,
     /// Most replicas a `POST /v1/plan` batch may name.
     pub max_plan_replicas: usize,
+    /// A request's body (and, at the endpoint picker, its headers and body) must arrive within
+    /// this long.
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -26,6 +33,7 @@ impl Default for Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_window_bytes: DEFAULT_MAX_WINDOW_BYTES,
             max_plan_replicas: DEFAULT_MAX_PLAN_REPLICAS,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
         }
     }
 }

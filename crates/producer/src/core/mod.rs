@@ -14,6 +14,7 @@
 
 pub mod batch;
 pub mod body;
+pub mod budget;
 pub mod config_store;
 pub mod error;
 pub mod hints;
@@ -42,6 +43,7 @@ pub use live::InFlight;
 pub use placement::Placement;
 pub use routing::Route;
 
+use budget::{ByteBudget, Reserved};
 use config_store::ConfigStore;
 use live::LiveEndpoints;
 use metrics::{Metrics, Outcome};
@@ -50,7 +52,7 @@ use request::InferenceRequest;
 use window::Window;
 
 /// One request to place, as a front-end received it.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Debug)]
 pub struct PlaceRequest<'a> {
     /// The inference request body (completions or chat completions JSON).
     pub body: &'a [u8],
@@ -59,9 +61,10 @@ pub struct PlaceRequest<'a> {
     /// Hints from the caller's protocol (headers); a hint in the body counts where these are
     /// unset.
     pub hints: Hints,
-    /// Bytes the caller keeps for this request while it waits (a proxy keeps the body to
-    /// forward it); they count against the window's byte budget.
-    pub held_bytes: usize,
+    /// What the caller keeps for this request while it waits, in the budget (a proxy keeps the
+    /// body to forward it; [`Producer::reserve`] gives an empty one); given back once it is
+    /// answered.
+    pub held: Reserved,
 }
 
 /// One running producer: the config in force, the window, what it knows live of each endpoint,
@@ -73,6 +76,8 @@ pub struct Producer {
     live: Arc<LiveEndpoints>,
     metrics: Arc<Metrics>,
     limits: Limits,
+    /// What requests hold before they are placed (`--max-window-bytes`).
+    budget: Arc<ByteBudget>,
     /// Whether this replica leads (docs/behaviour.md, "High availability"); true unless leader
     /// election says otherwise.
     leading: Arc<AtomicBool>,
@@ -84,18 +89,15 @@ impl Producer {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(origin, metrics.clone()));
         let live = Arc::new(LiveEndpoints::default());
-        let window = Window::new(
-            store.clone(),
-            live.clone(),
-            metrics.clone(),
-            limits.max_window_bytes,
-        );
+        let budget = ByteBudget::new(limits.max_window_bytes);
+        let window = Window::new(store.clone(), live.clone(), metrics.clone(), budget.clone());
         Producer {
             store,
             window,
             live,
             metrics,
             limits,
+            budget,
             leading: Arc::new(AtomicBool::new(true)),
         }
     }
@@ -124,6 +126,12 @@ impl Producer {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// An empty reservation in the budget of what requests hold before they are placed, for a
+    /// front-end to take a body's bytes into as it reads them.
+    pub fn reserve(&self) -> Reserved {
+        self.budget.empty()
     }
 
     /// Ready: a valid config with at least one endpoint is in force, this replica leads, and
@@ -190,19 +198,18 @@ impl Producer {
             // The parsed request borrows the body; it is gone once the hashes are in the window.
             let parsed = InferenceRequest::parse(request.body)?;
             let group_size = request.hints.or(parsed.hints).group_size;
-            self.window
-                .join(group_size, request.held_bytes, |snapshot| {
-                    let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
-                    if let Some(subset) = request.subset {
-                        let allowed =
-                            routing::ids_in_subset(snapshot, subset, hashed.endpoints.as_deref());
-                        if allowed.is_empty() {
-                            return Err(PlaceError::NoEligibleEndpoint);
-                        }
-                        hashed.endpoints = Some(allowed);
+            self.window.join(group_size, request.held, |snapshot| {
+                let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
+                if let Some(subset) = request.subset {
+                    let allowed =
+                        routing::ids_in_subset(snapshot, subset, hashed.endpoints.as_deref());
+                    if allowed.is_empty() {
+                        return Err(PlaceError::NoEligibleEndpoint);
                     }
-                    Ok(hashed)
-                })?
+                    hashed.endpoints = Some(allowed);
+                }
+                Ok(hashed)
+            })?
         };
         ticket.placement().await.map_err(|_| PlaceError::Abandoned)
     }
@@ -220,16 +227,21 @@ impl Producer {
         B: http_body::Body<Data = Bytes>,
         B::Error: std::fmt::Display,
     {
-        let body = body::read_body(body, &self.limits)
+        let hints = Hints::from_headers(headers).map_err(|e| self.refuse(e.into()))?;
+        let mut reserved = self.reserve();
+        let body = body::read_body(body, &self.limits, &mut reserved)
             .await
             .map_err(|e| self.refuse(e))?;
-        let hints = Hints::from_headers(headers).map_err(|e| self.refuse(e.into()))?;
+        if !forwarded {
+            // Only the hashes wait in the window; the body is gone once they are made.
+            reserved = self.reserve();
+        }
         let placement = self
             .place(PlaceRequest {
                 body: &body,
                 subset: None,
                 hints,
-                held_bytes: if forwarded { body.len() } else { 0 },
+                held: reserved,
             })
             .await?;
         Ok((body, placement))

@@ -43,6 +43,8 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 
+use crate::core::body::take;
+use crate::core::budget::Reserved;
 use crate::core::{Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route};
 use messages::Routing;
 
@@ -50,6 +52,8 @@ use messages::Routing;
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 /// At most this many endpoints in `x-gateway-destination-endpoint`: the pick, then fallbacks.
 pub const MAX_DESTINATIONS: usize = 4;
+/// What an ext_proc message holds besides a body chunk (headers, metadata), at most.
+const MESSAGE_OVERHEAD: usize = 1 << 20;
 
 /// The gRPC services of the endpoint-picker port: ext_proc and health. Needs a runtime: it
 /// starts the task that keeps the health statuses current.
@@ -57,7 +61,17 @@ pub fn router(producer: Producer) -> Router {
     let (health, health_service) = tonic_health::server::health_reporter();
     let watched = producer.clone();
     tokio::spawn(async move { keep_health_current(watched, health).await });
-    tonic::service::Routes::new(ExternalProcessorServer::new(Epp { producer }))
+    // A message may carry a whole body: the decoder takes a body at the limit with room for the
+    // message around it, so a body over the limit reaches the picker and gets its 413 (tonic's
+    // own limit, 4 MiB by default, would end the stream without an answer).
+    let max_message = producer
+        .limits()
+        .max_body_bytes
+        .saturating_add(MESSAGE_OVERHEAD);
+    let processor = ExternalProcessorServer::new(Epp { producer })
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    tonic::service::Routes::new(processor)
         .add_service(health_service)
         .into_axum_router()
 }
@@ -160,6 +174,8 @@ struct HttpStream {
     subset: Option<Vec<String>>,
     hints: Hints,
     body: Vec<u8>,
+    /// The body's bytes in the budget of what requests hold before they are placed.
+    reserved: Reserved,
     /// The routing decision was sent (or an immediate response ended the request).
     decided: bool,
     /// Counted in flight on its endpoint until the stream ends.
@@ -175,32 +191,47 @@ impl HttpStream {
         responses: mpsc::Sender<Result<ProcessingResponse, Status>>,
     ) -> Self {
         HttpStream {
-            producer,
             responses,
             request_mode: BodyMode::FullDuplex,
             response_full_duplex: true,
             subset: None,
             hints: Hints::default(),
             body: Vec::new(),
+            reserved: producer.reserve(),
             decided: false,
             in_flight: None,
+            producer,
         }
     }
 
     async fn run(mut self, inbound: impl Stream<Item = Result<ProcessingRequest, Status>> + Send) {
         let mut inbound = std::pin::pin!(inbound);
         let mut first = true;
+        // The request (headers and body) must arrive within the body timeout; the response
+        // path, once routed, takes as long as the replica does.
+        let timeout = self.producer.limits().body_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let message = tokio::select! {
                 message = inbound.next() => message,
                 // The data plane cancelled the stream (the client went away).
                 () = self.responses.closed() => return,
+                () = tokio::time::sleep_until(deadline), if !self.decided => {
+                    let seconds = timeout.as_secs_f64();
+                    let _ = self.refuse(PlaceError::BodyTimeout { seconds }).await;
+                    return;
+                }
             };
             let message = match message {
                 Some(Ok(message)) => message,
                 None => return,
                 Some(Err(status)) => {
                     tracing::debug!(%status, "ext_proc stream ended with an error");
+                    if !self.decided {
+                        // Never end a request's stream without an answer: the data plane
+                        // would forward it unrouted.
+                        let _ = self.refuse(unreadable(&status, &self.producer)).await;
+                    }
                     return;
                 }
             };
@@ -244,11 +275,12 @@ impl HttpStream {
                 }
             }
             Some(Request::RequestBody(body)) if !self.decided => {
-                if let Err(error) = self
+                let taken = self
                     .producer
                     .limits()
                     .check_body(self.body.len() + body.body.len())
-                {
+                    .and_then(|()| take(&mut self.reserved, body.body.len()));
+                if let Err(error) = taken {
                     return self.refuse(error).await;
                 }
                 self.body.extend_from_slice(&body.body);
@@ -312,7 +344,7 @@ impl HttpStream {
             body: &body,
             subset: self.subset.as_deref(),
             hints: self.hints,
-            held_bytes: body.len(),
+            held: std::mem::replace(&mut self.reserved, producer.reserve()),
         });
         // If the data plane cancels the stream meanwhile, the request leaves the window.
         let placement = tokio::select! {
@@ -397,5 +429,19 @@ impl HttpStream {
 
     async fn send(&self, response: ProcessingResponse) -> Result<(), Ended> {
         self.responses.send(Ok(response)).await.map_err(|_| Ended)
+    }
+}
+
+/// Why the data plane's messages could not be read: a message over the decoder's limit is a body
+/// too large (the limit is the body's, plus room for the message around it).
+fn unreadable(status: &Status, producer: &Producer) -> PlaceError {
+    if status.code() == tonic::Code::OutOfRange
+        || status.message().contains("message length too large")
+    {
+        PlaceError::BodyTooLarge {
+            limit: producer.limits().max_body_bytes,
+        }
+    } else {
+        PlaceError::BodyUnreadable(status.message().to_string())
     }
 }

@@ -132,7 +132,8 @@ async fn plan_whole_batch(
     let unfinished = AbandonedUnlessHandedOver(Some(producer.metrics().clone()));
     // The body is read here rather than by an extractor, so that a client leaving while it is
     // read is counted (hyper drops the handler as soon as it reads the end of the connection).
-    let body = read_body(request.into_body(), producer.limits()).await;
+    let mut reserved = producer.reserve();
+    let body = read_body(request.into_body(), producer.limits(), &mut reserved).await;
     let slot = match body {
         Ok(body) => plan_slots()
             .acquire()

@@ -13,7 +13,8 @@ use clap::{ArgGroup, Args};
 
 use crate::config_sources::{configmap, ConfigSource};
 use crate::core::limits::{
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS, DEFAULT_MAX_WINDOW_BYTES,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
+    DEFAULT_MAX_WINDOW_BYTES,
 };
 use crate::core::Limits;
 use crate::listen::ConnectionLimits;
@@ -68,10 +69,17 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes; larger ones get 413 body_too_large.
     #[arg(long, env = "BURST_PREFIX_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
-    /// Most bytes the open window may hold: its requests' block hashes, plus the bodies the
-    /// proxy keeps to forward; a request beyond gets 429 window_full with Retry-After.
+    /// Most bytes requests may hold before they are placed: bodies while they are read, the
+    /// block hashes in the open window, and the bodies the proxy keeps to forward. A request
+    /// beyond gets 429 window_full with Retry-After, before more of its body is read.
     #[arg(long, env = "BURST_PREFIX_MAX_WINDOW_BYTES", default_value_t = DEFAULT_MAX_WINDOW_BYTES)]
     pub max_window_bytes: usize,
+    /// A request's body must arrive within this many milliseconds (at the endpoint picker: its
+    /// headers and body); beyond, 408 body_timeout. Slow or stalled bodies cannot hold
+    /// connections or memory longer.
+    #[arg(long, env = "BURST_PREFIX_BODY_TIMEOUT_MS", default_value_t = DEFAULT_BODY_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_ms: u64,
     /// Most replicas a POST /v1/plan batch may name; beyond, 413 plan_too_large. (It takes at
     /// most the config's maxBatchSize requests.)
     #[arg(long, env = "BURST_PREFIX_MAX_PLAN_REPLICAS", default_value_t = DEFAULT_MAX_PLAN_REPLICAS)]
@@ -213,6 +221,7 @@ impl ServeArgs {
             max_body_bytes: self.max_body_bytes,
             max_window_bytes: self.max_window_bytes,
             max_plan_replicas: self.max_plan_replicas,
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
         }
     }
 }

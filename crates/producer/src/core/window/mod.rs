@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::budget::{ByteBudget, Reserved};
 use super::config_store::{ConfigStore, Snapshot};
 use super::error::PlaceError;
 use super::live::LiveEndpoints;
@@ -57,8 +58,9 @@ pub struct Window {
     store: Arc<ConfigStore>,
     live: Arc<LiveEndpoints>,
     metrics: Arc<Metrics>,
-    /// The most bytes the open window holds (hashes, and bodies its callers keep for it).
-    max_bytes: usize,
+    /// What requests hold before they are placed: the open window's hashes, and what callers
+    /// keep for their requests (a proxy, the body).
+    budget: Arc<ByteBudget>,
 }
 
 #[derive(Default)]
@@ -77,8 +79,6 @@ struct Open {
     /// Arrival order; a cancelled request leaves `None`.
     slots: Vec<Option<Slot>>,
     live: usize,
-    /// Bytes held for the live requests (see [`Window::join`]).
-    bytes: usize,
     last_arrival: Instant,
     /// Its groups of identical prompts, as far as clients hinted their sizes.
     groups: HintedGroups,
@@ -86,7 +86,8 @@ struct Open {
 
 struct Slot {
     request: HashedRequest,
-    bytes: usize,
+    /// Its bytes in the budget (hashes, and what its caller keeps), given back once answered.
+    reserved: Reserved,
     group: Option<GroupKey>,
     joined: Instant,
     reply: oneshot::Sender<Placement>,
@@ -123,7 +124,7 @@ impl Window {
         store: Arc<ConfigStore>,
         live: Arc<LiveEndpoints>,
         metrics: Arc<Metrics>,
-        max_bytes: usize,
+        budget: Arc<ByteBudget>,
     ) -> Arc<Self> {
         Arc::new(Window {
             state: Mutex::new(State::default()),
@@ -131,7 +132,7 @@ impl Window {
             store,
             live,
             metrics,
-            max_bytes,
+            budget,
         })
     }
 
@@ -153,20 +154,20 @@ impl Window {
     }
 
     /// Makes a request under the config of the window it will join (`make` runs outside the
-    /// lock: it hashes) and joins. If the config changes in between, makes it again.
-    /// `held_bytes` are what the caller keeps for the request while it waits (a proxy, its
-    /// body); with the request's hashes they count against the window's byte budget.
+    /// lock: it hashes) and joins. If the config changes in between, makes it again. `held` is
+    /// what the caller keeps for the request while it waits (a proxy, its body): with the
+    /// request's hashes it stays in the budget until the request is answered.
     pub fn join(
         self: &Arc<Self>,
         group_size: Option<NonZeroU32>,
-        held_bytes: usize,
+        held: Reserved,
         make: impl Fn(&Snapshot) -> Result<HashedRequest, PlaceError>,
     ) -> Result<Ticket, PlaceError> {
         let mut snapshot = self.joining_snapshot()?;
+        let mut held = Some(held);
         loop {
             let request = make(&snapshot)?;
-            let bytes = held_bytes + request.held_bytes();
-            match self.try_join(request, bytes, group_size, snapshot.generation)? {
+            match self.try_join(request, &mut held, group_size, snapshot.generation)? {
                 Ok(ticket) => return Ok(ticket),
                 Err(newer) => snapshot = newer,
             }
@@ -187,7 +188,7 @@ impl Window {
     fn try_join(
         self: &Arc<Self>,
         request: HashedRequest,
-        bytes: usize,
+        held: &mut Option<Reserved>,
         group_size: Option<NonZeroU32>,
         generation: u64,
     ) -> Result<Result<Ticket, Arc<Snapshot>>, PlaceError> {
@@ -218,10 +219,10 @@ impl Window {
                 return Err(PlaceError::BatchFull { limit, retry_after });
             }
         }
-        // One request always fits: a body is bounded by its own limit.
-        if open.live > 0 && open.bytes + bytes > self.max_bytes {
+        let mut reserved = held.take().expect("joined once");
+        if !reserved.grow(request.held_bytes()) {
             return Err(PlaceError::WindowFull {
-                limit: self.max_bytes,
+                limit: self.budget.limit(),
                 retry_after,
             });
         }
@@ -238,13 +239,12 @@ impl Window {
         let index = open.slots.len();
         open.slots.push(Some(Slot {
             request,
-            bytes,
+            reserved,
             group,
             joined: now,
             reply,
         }));
         open.live += 1;
-        open.bytes += bytes;
         open.last_arrival = now;
         self.metrics.window_open_requests.set(open.live as i64);
         let ticket = Ticket {
@@ -272,7 +272,6 @@ impl Window {
             snapshot,
             slots: Vec::new(),
             live: 0,
-            bytes: 0,
             last_arrival: now,
             groups: HintedGroups::default(),
         });
@@ -334,7 +333,6 @@ impl Window {
             return;
         };
         open.live -= 1;
-        open.bytes -= slot.bytes;
         if let Some(key) = slot.group {
             open.groups.count(key, None, -1);
         }
@@ -409,7 +407,7 @@ impl Window {
         let (requests, waiters): (Vec<HashedRequest>, Vec<_>) = sealed
             .slots
             .into_iter()
-            .map(|slot| (slot.request, (slot.joined, slot.reply)))
+            .map(|slot| (slot.request, (slot.joined, slot.reply, slot.reserved)))
             .unzip();
         let plan = self
             .planning()
@@ -450,7 +448,9 @@ struct Planned {
     reason: SealReason,
     snapshot: Arc<Snapshot>,
     requests: Vec<HashedRequest>,
-    waiters: Vec<(Instant, oneshot::Sender<Placement>)>,
+    /// When each joined, where its answer goes, and its bytes in the budget (given back once
+    /// it is answered).
+    waiters: Vec<(Instant, oneshot::Sender<Placement>, Reserved)>,
     plan: WindowPlan,
 }
 
@@ -460,7 +460,7 @@ fn release(planned: Planned, metrics: &Metrics) {
     let released = Instant::now();
     let (mut assigned, mut no_affinity, mut cancelled) = (0, 0, 0);
     let members = planned.requests.into_iter().zip(planned.waiters);
-    for (index, ((request, (joined, reply)), replica)) in
+    for (index, ((request, (joined, reply, _reserved)), replica)) in
         members.zip(&planned.plan.plan.assignments).enumerate()
     {
         let waited = released.saturating_duration_since(joined);
@@ -547,7 +547,12 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(yaml).unwrap();
-        let window = Window::new(store, Arc::default(), metrics.clone(), usize::MAX);
+        let window = Window::new(
+            store,
+            Arc::default(),
+            metrics.clone(),
+            ByteBudget::new(usize::MAX),
+        );
         (window, metrics)
     }
 
@@ -559,13 +564,20 @@ mod tests {
         }
     }
 
+    /// What a caller holds for its request: `bytes` of the window's budget, as many as fit.
+    fn held(window: &Window, bytes: usize) -> Reserved {
+        let mut held = window.budget.empty();
+        held.grow(bytes);
+        held
+    }
+
     fn join(window: &Arc<Window>, prompt: &str) -> Ticket {
-        window.join(None, 0, hasher(prompt)).unwrap()
+        window.join(None, held(window, 0), hasher(prompt)).unwrap()
     }
 
     fn hinted(window: &Arc<Window>, prompt: &str, size: u32) -> Ticket {
         window
-            .join(NonZeroU32::new(size), 0, hasher(prompt))
+            .join(NonZeroU32::new(size), held(window, 0), hasher(prompt))
             .unwrap()
     }
 
@@ -625,7 +637,7 @@ mod tests {
             .contains("burst_prefix_windows_sealed_total{reason=\"full\"} 1"));
         let (empty, _) = self::window("endpoints: []\n");
         assert_eq!(
-            empty.join(None, 0, hasher("x")).err(),
+            empty.join(None, held(&empty, 0), hasher("x")).err(),
             Some(PlaceError::NoEndpoints)
         );
     }
@@ -640,7 +652,7 @@ mod tests {
         assert_eq!(second.window_id(), 2);
         let third = join(&window, "z");
         assert_eq!(window.open_requests(), Some((3, 1)), "full, but not sealed");
-        match window.join(None, 0, hasher("w")) {
+        match window.join(None, held(&window, 0), hasher("w")) {
             Err(PlaceError::BatchFull { limit: 1, .. }) => {}
             other => panic!("expected batch_full, got {:?}", other.err()),
         }
@@ -660,17 +672,17 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(&TWO.replace("20", "10000")).unwrap();
-        let window = Window::new(store, Arc::default(), metrics, 1000);
-        let big = window.join(None, 5000, hasher("x")).unwrap();
-        let refused = window.join(None, 10, hasher("y"));
+        let window = Window::new(store, Arc::default(), metrics, ByteBudget::new(1000));
+        let big = window.join(None, held(&window, 5000), hasher("x")).unwrap();
+        let refused = window.join(None, held(&window, 10), hasher("y"));
         assert!(
             matches!(refused, Err(PlaceError::WindowFull { limit: 1000, .. })),
             "{:?}",
             refused.err()
         );
         drop(big);
-        let small = window.join(None, 100, hasher("y")).unwrap();
-        assert!(window.join(None, 100, hasher("z")).is_ok());
+        let small = window.join(None, held(&window, 100), hasher("y")).unwrap();
+        assert!(window.join(None, held(&window, 100), hasher("z")).is_ok());
         drop(small);
     }
 
@@ -746,7 +758,7 @@ mod tests {
             (1, SealReason::Shutdown)
         );
         assert_eq!(
-            window.join(None, 0, hasher("x")).err(),
+            window.join(None, held(&window, 0), hasher("x")).err(),
             Some(PlaceError::ShuttingDown)
         );
     }
@@ -756,7 +768,12 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(TWO).unwrap();
-        let window = Window::new(store.clone(), Arc::default(), metrics, usize::MAX);
+        let window = Window::new(
+            store.clone(),
+            Arc::default(),
+            metrics,
+            ByteBudget::new(usize::MAX),
+        );
         let first = join(&window, "0123456789abcdef");
         store
             .apply_text(&format!("blockSizeTokens: 1\n{TWO}"))
