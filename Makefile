@@ -90,14 +90,28 @@ e2e-node: control-plane node-deps images
 e2e-kind:
 	tests/e2e/kind.sh
 
-# Placement on a real engine (not part of `make test`): builds llama.cpp's llama-server once into
-# the cache (~9 min on 2 cores, under nice), writes the tiny model, and runs the workloads on
-# llama-server replicas straight and through the proxy. See bench/engine/README.md. The bench binary
-# is a dev build (it only sends requests and proxies them; the engine is the Release build).
+# Placement on a real engine (not part of `make test`): ENGINE=llama.cpp (the default) or vllm.
+# llama.cpp: builds llama-server once into the cache (~9 min on 2 cores, under nice), writes the
+# tiny model, and runs the workloads on fresh replicas per route. vllm: installs vLLM (as `make
+# vllm`) and the peer routers (sglang-router, vllm-router) into the cache, starts the replicas once
+# and resets their prefix caches between routes, and adds the peers' routes. The routes are
+# bench/engine/routes.yaml. See bench/engine/README.md. The bench binary is a dev build (it only
+# sends requests and proxies them).
+ENGINE ?= llama.cpp
 ENGINE_BENCH_ARGS ?=
 bench-engine:
+ifeq ($(ENGINE),vllm)
+	nice -n 10 $(VLLM_SETUP)
+	$(PEER_ROUTERS_SETUP)
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- --engine vllm \
+		--vllm-python "$(BURST_PREFIX_VLLM_PYTHON)" --vllm-model "$(BURST_PREFIX_VLLM_MODEL)" \
+		--peers-python "$$($(PEER_ROUTERS_SETUP) --print-python)" $(ENGINE_BENCH_ARGS)
+else ifeq ($(ENGINE),llama.cpp)
 	nice -n 10 bench/engine/build-llama-server.sh
 	bench/engine/model.sh
-	$(CARGO) run --locked -p burst-prefix-engine-bench -- \
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- --engine llama.cpp \
 		--llama-server "$$(bench/engine/build-llama-server.sh --print-bin)" \
 		--model "$$(bench/engine/model.sh --print-path)" $(ENGINE_BENCH_ARGS)
+else
+	@echo "ENGINE is llama.cpp or vllm, not $(ENGINE)" >&2; exit 2
+endif

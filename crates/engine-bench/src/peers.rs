@@ -68,15 +68,52 @@ impl PeerRouter {
             command.args(["--worker-startup-check-interval", "1"]);
         }
         let mut process = Process::start(command, &log)?;
+        // vllm-router listens once its workers answer their health checks; sglang-router
+        // listens at once and registers its workers in the background.
         let url = format!("http://127.0.0.1:{port}/health");
         wait_healthy(&mut process, &url, client, Duration::from_secs(120))
             .await
             .with_context(|| format!("{peer:?}"))?;
-        Ok(PeerRouter {
+        let router = PeerRouter {
             process,
             port,
             metrics_port,
-        })
+        };
+        if peer == Peer::SglangRouter {
+            router.wait_for_workers(workers.len(), client).await?;
+        }
+        Ok(router)
+    }
+
+    /// Waits until sglang-router's `GET /workers` lists `count` healthy workers.
+    async fn wait_for_workers(&self, count: usize, client: &reqwest::Client) -> anyhow::Result<()> {
+        let url = format!("{}/workers", self.url());
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let mut last = serde_json::Value::Null;
+        while std::time::Instant::now() < deadline {
+            let answer = client
+                .get(&url)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            if let Ok(answer) = answer {
+                last = answer.json().await.unwrap_or_default();
+                let healthy = last["workers"].as_array().map_or(0, |workers| {
+                    workers
+                        .iter()
+                        .filter(|w| w["is_healthy"].as_bool().unwrap_or(true))
+                        .count()
+                });
+                if healthy >= count {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        anyhow::bail!(
+            "sglang-router lists fewer than {count} healthy workers after 120 s: {last}; see {}",
+            self.process.log().display()
+        )
     }
 
     pub fn url(&self) -> String {

@@ -130,13 +130,23 @@ async fn a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history(
         "the burst computed {computed} prompt tokens, over 1.05x the engine's bound {bound}"
     );
 
-    // Four conversations at once, then their second turns at once. No system prompt: the only
-    // replica that holds more than a block of a conversation is the one its first turn ran on.
+    // Four conversations on one system prompt at once, then their second turns at once. The
+    // system prompt is under a KV block, so the only replica that holds more than it of a
+    // conversation is the one its first turn ran on. (Without a shared prefix a first turn is a
+    // cold single the planner leaves to the proxy's least-loaded fallback, which memory does
+    // not record: see bench/engine/README.md.)
+    let system = Message {
+        role: "system",
+        content: words(99, 80),
+    };
     let first_turn = |c: u32| {
-        vec![Message {
-            role: "user",
-            content: words(100 + c, 380 + 40 * c),
-        }]
+        vec![
+            system.clone(),
+            Message {
+                role: "user",
+                content: words(100 + c, 380 + 40 * c),
+            },
+        ]
     };
     let turns1 = (0..4).map(|c| {
         send(
