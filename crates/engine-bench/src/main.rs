@@ -353,10 +353,6 @@ async fn run_route(
         request_timeout: Duration::from_secs(300),
         pause_between_steps: Duration::from_millis(args.pause_between_steps_ms),
         peers_python: args.peers_python.clone(),
-        tokenizer: match engine {
-            Engine::Vllm(e) => Some(e.model.clone()),
-            Engine::LlamaCpp(_) => None,
-        },
     };
     let record = match kept {
         Some(kept) => {

@@ -46,7 +46,6 @@ impl PeerRouter {
         python: &Path,
         args: &[String],
         workers: &[String],
-        tokenizer: Option<&Path>,
         log: PathBuf,
         client: &reqwest::Client,
     ) -> anyhow::Result<PeerRouter> {
@@ -67,11 +66,6 @@ impl PeerRouter {
             // Its start-up check of the workers waits 30 s between tries by default; they are
             // up already.
             command.args(["--worker-startup-check-interval", "1"]);
-            // Its prefix policies tokenize in the router; without a tokenizer it cannot fetch
-            // offline, every decision is `missing_tokens` (load only).
-            if let Some(tokenizer) = tokenizer {
-                command.env("VLLM_ROUTER_TOKENIZER", tokenizer);
-            }
         }
         let mut process = Process::start(command, &log)?;
         // vllm-router listens once its workers answer their health checks; sglang-router

@@ -30,8 +30,6 @@ pub struct RunOptions {
     pub pause_between_steps: Duration,
     /// The venv python of the peer routers (bench/engine/peers/setup.sh --print-python).
     pub peers_python: Option<std::path::PathBuf>,
-    /// The model's tokenizer, for a peer router that tokenizes itself (vllm-router).
-    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 /// One request's outcome.
@@ -139,11 +137,7 @@ impl Front {
                     .ok_or_else(|| anyhow!("route {:?} needs --peers-python", route.name))?;
                 let workers: Vec<String> = replicas.iter().map(Replica::url).collect();
                 let log = log_dir.join(format!("{}.log", route.slug()));
-                let tokenizer = options.tokenizer.as_deref();
-                Front::Peer(
-                    PeerRouter::start(*peer, python, args, &workers, tokenizer, log, client)
-                        .await?,
-                )
+                Front::Peer(PeerRouter::start(*peer, python, args, &workers, log, client).await?)
             }
         })
     }
