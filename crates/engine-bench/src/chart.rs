@@ -1,21 +1,33 @@
 //! The SVG chart: per workload, a bar per route for computed prompt tokens over the lower bound
-//! and for TTFT p50 over round-robin's, each with a line at 1.
+//! and for the busiest replica's sum over its bound (the mean over the seeds), each with a line
+//! at 1.
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::report::{Report, RouteFigures, WorkloadReport};
-use crate::run::Route;
 
-const WIDTH: u32 = 1200;
-const HEIGHT: u32 = 520;
+const WIDTH: u32 = 1400;
+const HEIGHT: u32 = 560;
 
-fn colour(route: Route) -> RGBColor {
-    match route {
-        Route::RoundRobin => RGBColor(150, 160, 175),
-        Route::LeastLoaded => RGBColor(96, 125, 160),
-        Route::ProxyMemoryOff => RGBColor(214, 96, 39),
-        Route::ProxyMemoryOn => RGBColor(150, 50, 20),
+/// Direct routes grey-blue, ours orange-brown, peers green and purple.
+fn colour(route: &str, index: usize) -> RGBColor {
+    let shade = |base: (u8, u8, u8), i: usize| {
+        let k = (i % 4) as u8 * 28;
+        RGBColor(
+            base.0.saturating_add(k),
+            base.1.saturating_add(k),
+            base.2.saturating_add(k),
+        )
+    };
+    if route.starts_with("proxy") {
+        shade((150, 50, 20), index)
+    } else if route.starts_with("sglang") {
+        shade((30, 110, 60), index)
+    } else if route.starts_with("vllm-router") {
+        shade((90, 60, 140), index)
+    } else {
+        shade((96, 115, 140), index)
     }
 }
 
@@ -32,22 +44,20 @@ fn draw(report: &Report, out: &mut String) -> Result<(), Box<dyn std::error::Err
     let root = SVGBackend::with_string(out, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
-        "llama-server: {} replicas x {} slots, tiny model; proxy = burst-prefix (ours)",
-        report.setup.replicas, report.setup.slots
+        "{}: {} replicas, tiny model, seeds {:?} (mean); proxy = burst-prefix (ours)",
+        report.setup.engine, report.setup.replicas, report.setup.seeds
     );
     let root = root.titled(&title, ("sans-serif", 20))?;
     let panels = root.split_evenly((1, 2));
-    let by_bound: Figure = |w, r| r.computed_tokens as f64 / w.lower_bound_tokens.max(1) as f64;
-    let by_rr_ttft: Figure = |w, r| {
-        w.round_robin()
-            .map_or(f64::NAN, |rr| r.ttft_p50_ms / rr.ttft_p50_ms)
-    };
-    let series = [
+    let series: [(&str, Figure); 2] = [
         (
             "computed prompt tokens / lower bound (lower is better)",
-            by_bound,
+            |w, r| w.by_bound(r),
         ),
-        ("TTFT p50 / round-robin's (lower is better)", by_rr_ttft),
+        (
+            "busiest replica's tokens, summed over steps / bound (lower is better)",
+            |w, r| w.busiest_by_bound(r),
+        ),
     ];
     for (panel, (caption, figure)) in panels.iter().zip(series) {
         bars(panel, caption, report, figure)?;
@@ -62,17 +72,34 @@ fn bars(
     report: &Report,
     figure: Figure,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let workloads = &report.workloads;
-    let values: Vec<Vec<(Route, f64)>> = workloads
+    let workloads = report.workload_names();
+    let routes = report.route_names();
+    // values[workload][route]: the mean over the seeds that ran it.
+    let values: Vec<Vec<Option<f64>>> = workloads
         .iter()
-        .map(|w| w.routes.iter().map(|r| (r.route, figure(w, r))).collect())
+        .map(|&name| {
+            routes
+                .iter()
+                .map(|&route| {
+                    let seen: Vec<f64> = report
+                        .workloads
+                        .iter()
+                        .filter(|w| w.workload == name)
+                        .filter_map(|w| {
+                            Some(figure(w, w.routes.iter().find(|r| r.route == route)?))
+                        })
+                        .filter(|v| v.is_finite())
+                        .collect();
+                    (!seen.is_empty()).then(|| seen.iter().sum::<f64>() / seen.len() as f64)
+                })
+                .collect()
+        })
         .collect();
     let top = values
         .iter()
         .flatten()
-        .map(|(_, v)| *v)
-        .filter(|v| v.is_finite())
-        .fold(1.0, f64::max)
+        .flatten()
+        .fold(1.0, |a: f64, &b| a.max(b))
         * 1.15;
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 15))
@@ -88,27 +115,26 @@ fn bars(
         .y_label_style(("sans-serif", 13))
         .y_label_formatter(&|y| format!("{y:.1}"))
         .draw()?;
-    let slots = Route::ALL.len() as f64;
-    let width = 0.8 / slots;
-    for (i, routes) in values.iter().enumerate() {
-        for (route, value) in routes.iter().filter(|(_, v)| v.is_finite()) {
-            let j = Route::ALL.iter().position(|r| r == route).unwrap_or(0) as f64;
-            let x0 = i as f64 + 0.1 + j * width;
+    let width = 0.8 / routes.len().max(1) as f64;
+    for (i, per_route) in values.iter().enumerate() {
+        for (j, value) in per_route.iter().enumerate() {
+            let Some(value) = *value else { continue };
+            let x0 = i as f64 + 0.1 + j as f64 * width;
             chart.draw_series(std::iter::once(Rectangle::new(
-                [(x0 + 0.01, 0.0), (x0 + width - 0.01, *value)],
-                colour(*route).filled(),
+                [(x0 + 0.005, 0.0), (x0 + width - 0.005, value)],
+                colour(routes[j], j).filled(),
             )))?;
             chart.draw_series(std::iter::once(Text::new(
                 format!("{value:.2}"),
                 (x0 + width / 2.0, value + top * 0.01),
-                ("sans-serif", 11)
+                ("sans-serif", 9)
                     .into_font()
                     .color(&BLACK)
                     .pos(Pos::new(HPos::Center, VPos::Bottom)),
             )))?;
         }
         chart.draw_series(std::iter::once(Text::new(
-            workloads[i].workload.clone(),
+            workloads[i].to_string(),
             (i as f64 + 0.5, -top * 0.02),
             ("sans-serif", 14)
                 .into_font()
@@ -120,20 +146,19 @@ fn bars(
         vec![(0.0, 1.0), (workloads.len() as f64, 1.0)],
         BLACK.stroke_width(1),
     )))?;
-    for route in Route::ALL {
+    for (j, route) in routes.iter().enumerate() {
+        let colour = colour(route, j);
         chart
             .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
-            .label(route.name())
-            .legend(move |(x, y)| {
-                Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour(route).filled())
-            });
+            .label(route.to_string())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
     }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .label_font(("sans-serif", 12))
+        .label_font(("sans-serif", 11))
         .draw()?;
     Ok(())
 }
@@ -141,53 +166,53 @@ fn bars(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::Setup;
+    use crate::report::{Setup, ROUND_ROBIN};
 
     #[test]
     fn draws_a_bar_per_route_and_workload() {
-        let figures = |route: Route, computed: u64, ttft: f64| RouteFigures {
-            route,
-            name: route.name(),
+        let figures = |route: &str, computed: u64, busiest: u64| RouteFigures {
+            route: route.into(),
+            ours: route.starts_with("proxy"),
             computed_tokens: computed,
-            ttft_p50_ms: ttft,
-            ttft_p99_ms: ttft,
+            busiest_sum: busiest,
+            answers_computed_tokens: computed,
+            answers_without_usage: 0,
+            ttft_p50_ms: 1.0,
+            ttft_p99_ms: 1.0,
             wall_ms: 1.0,
-            imbalance: 1.0,
+            placements: Vec::new(),
+            memory_in_use: None,
         };
         let report = Report {
             setup: Setup {
+                engine: "vllm".into(),
                 replicas: 4,
-                slots: 2,
-                threads: 1,
-                cache_ram_mib: 1,
+                engine_settings: String::new(),
                 max_tokens: 1,
-                seed: 1,
+                seeds: vec![1],
                 model: "tiny".into(),
-                engine: "b1".into(),
-                planner: String::new(),
+                prompts: "text".into(),
             },
             workloads: vec![WorkloadReport {
                 workload: "grpo".into(),
+                seed: 1,
                 steps: 1,
                 requests: 2,
                 prompt_tokens: 10,
                 lower_bound_tokens: 100,
+                lower_bound_busiest: 50,
                 routes: vec![
-                    figures(Route::RoundRobin, 300, 200.0),
-                    figures(Route::ProxyMemoryOff, 175, 100.0),
+                    figures(ROUND_ROBIN, 300, 200),
+                    figures("proxy, memory off", 175, 60),
                 ],
+                skipped: Vec::new(),
                 simulator: Vec::new(),
             }],
         };
         let svg = svg(&report).unwrap();
         assert!(svg.starts_with("<svg"));
-        for text in ["grpo", "3.00", "1.75", "0.50", "proxy, memory off"] {
+        for text in ["grpo", "3.00", "1.75", "4.00", "1.20", "proxy, memory off"] {
             assert!(svg.contains(text), "missing {text}");
         }
-        let markdown = report.to_markdown();
-        assert!(
-            markdown.contains("| proxy, memory off | 175 | 1.750 | 0.583 | 100 (0.50) |"),
-            "{markdown}"
-        );
     }
 }

@@ -1,84 +1,105 @@
 //! The simulator checked against the engine: the same prompts through the simulator's model of
 //! the same routes, its prefill against what the engine computed.
 
-use burst_prefix_api::PlannerConfig;
+use burst_prefix_planner::BlockSpec;
 use burst_prefix_simulator::policy::{Burst, LeastLoaded, Policy, RoundRobin};
 use burst_prefix_simulator::simulate::{simulate_on_slots, Cluster, Slots};
 use burst_prefix_simulator::workload::hash_steps;
 
 use crate::report::{RouteFigures, SimulatorCheck};
-use crate::run::Route;
+use crate::routes::{Direct, Route, RouteKind};
 
-/// The simulator's policy for a route: `burst-nomem` for memory off, `burst` (the memory of
-/// `config`, its clock advanced by `step_ms` a step) for memory on.
-fn policy(route: Route, replicas: usize, config: &PlannerConfig, step_ms: u64) -> Box<dyn Policy> {
-    let burst = |memory| Box::new(Burst::new(replicas, config.plan_params(), memory, step_ms));
-    match route {
-        Route::RoundRobin => Box::new(RoundRobin::new(replicas)),
-        Route::LeastLoaded => Box::new(LeastLoaded::new(replicas)),
-        Route::ProxyMemoryOff => burst(None),
-        Route::ProxyMemoryOn => burst(config.memory_settings()),
-    }
+/// The simulator's policy for a route: round-robin, least-loaded, or `burst` with the proxy's
+/// planner config (its memory, if on, with its clock advanced by `step_ms` a step); none for a
+/// peer router.
+fn policy(route: &Route, replicas: usize, step_ms: u64) -> Option<Box<dyn Policy>> {
+    Some(match &route.kind {
+        RouteKind::Direct(Direct::RoundRobin) => Box::new(RoundRobin::new(replicas)),
+        RouteKind::Direct(Direct::LeastLoaded) => Box::new(LeastLoaded::new(replicas)),
+        RouteKind::Proxy { .. } => {
+            let config = route.planner()?;
+            Box::new(Burst::new(
+                replicas,
+                config.plan_params(),
+                config.memory_settings(),
+                step_ms,
+            ))
+        }
+        RouteKind::Peer { .. } => return None,
+    })
 }
 
-/// For every measured route: the simulator's prefill on `steps` against the engine's, with the
-/// simulator's published model (one request at a time per replica: "blocks") and with the
-/// engine's slots ("slots"). `config` is the memory-on proxy's; a step lasts what the route's
-/// steps took on average plus `pause_ms`, so the memory's load decays as the proxy's did.
+/// For every measured route the simulator models: its prefill on `steps` against the
+/// engine's, with the simulator's published model (one request at a time per replica:
+/// "blocks") and with the engine's slots ("slots"). Prompts are hashed as `spec` says; a step lasts what the route's steps took on average plus `pause_ms`, so the memory's
+/// load decays as the proxy's did.
+#[allow(clippy::too_many_arguments)]
 pub fn check(
     steps: &[Vec<Vec<u32>>],
-    measured: &[RouteFigures],
+    measured: &[(&Route, &RouteFigures)],
     replicas: usize,
     slots: Slots,
     cache_blocks: usize,
-    config: &PlannerConfig,
+    spec: BlockSpec,
     pause_ms: u64,
 ) -> Vec<SimulatorCheck> {
-    let hashed = &hash_steps(steps, config.block_spec());
+    let hashed = &hash_steps(steps, spec);
     let cluster = Cluster {
         replicas,
         cache_blocks,
     };
-    measured
-        .iter()
-        .flat_map(|figures| {
-            let one = Slots {
-                per_replica: 1,
-                overhead_tokens: 0,
+    let mut checks = Vec::new();
+    for (route, figures) in measured {
+        let one = Slots {
+            per_replica: 1,
+            overhead_tokens: 0,
+        };
+        for (model, slots) in [("blocks", one), ("slots", slots)] {
+            let step_ms = (figures.wall_ms / steps.len().max(1) as f64) as u64 + pause_ms;
+            let Some(mut policy) = policy(route, replicas, step_ms) else {
+                continue;
             };
-            [("blocks", one), ("slots", slots)]
-                .into_iter()
-                .map(move |(model, slots)| {
-                    let step_ms = (figures.wall_ms / steps.len().max(1) as f64) as u64 + pause_ms;
-                    let mut policy = policy(figures.route, replicas, config, step_ms);
-                    let outcome = simulate_on_slots(hashed, cluster, slots, policy.as_mut());
-                    SimulatorCheck {
-                        route: figures.route,
-                        model,
-                        simulated_tokens: outcome.prefill_tokens,
-                        measured_tokens: figures.computed_tokens,
-                    }
-                })
-        })
-        .collect()
+            let outcome = simulate_on_slots(hashed, cluster, slots, policy.as_mut());
+            checks.push(SimulatorCheck {
+                route: route.name.clone(),
+                model,
+                simulated_tokens: outcome.prefill_tokens,
+                measured_tokens: figures.computed_tokens,
+            });
+        }
+    }
+    checks
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burst_prefix_api::ProducerConfig;
+    use crate::routes::{parse, Placeholders};
 
-    fn figures(route: Route) -> RouteFigures {
+    fn figures(route: &Route) -> RouteFigures {
         RouteFigures {
-            route,
-            name: route.name(),
+            route: route.name.clone(),
+            ours: true,
             computed_tokens: 1_000,
+            busiest_sum: 500,
+            answers_computed_tokens: 1_000,
+            answers_without_usage: 0,
             ttft_p50_ms: 1.0,
             ttft_p99_ms: 1.0,
             wall_ms: 1_000.0,
-            imbalance: 1.0,
+            placements: Vec::new(),
+            memory_in_use: None,
         }
     }
+
+    const ROUTES: &str = r#"
+- {name: round-robin, direct: round-robin}
+- {name: peer, sglangRouter: []}
+- name: "off"
+  proxy: "blockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: false}"
+- name: "on"
+  proxy: "blockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: true}"
+"#;
 
     #[test]
     fn memory_on_is_simulated_with_memory() {
@@ -91,29 +112,19 @@ mod tests {
         let steps: Vec<Vec<Vec<u32>>> = (8..12)
             .map(|blocks| vec![session(1, blocks), session(2, blocks + 2)])
             .collect();
-        let config = ProducerConfig::from_yaml(
-            "blockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: true}\nendpoints: []\n",
-        )
-        .unwrap()
-        .planner;
+        let placeholders = Placeholders {
+            cache_tokens_per_replica: 64_000,
+        };
+        let routes = parse(ROUTES, &placeholders).unwrap();
+        let figures: Vec<RouteFigures> = routes.iter().map(figures).collect();
+        let measured: Vec<(&Route, &RouteFigures)> = routes.iter().zip(&figures).collect();
         let slots = Slots {
             per_replica: 1,
             overhead_tokens: 0,
         };
-        let checks = check(
-            &steps,
-            &[
-                figures(Route::ProxyMemoryOff),
-                figures(Route::ProxyMemoryOn),
-            ],
-            2,
-            slots,
-            1_000,
-            &config,
-            0,
-        );
-        assert_eq!(checks.len(), 4, "both routes, both models");
-        let simulated = |route, model| {
+        let checks = check(&steps, &measured, 2, slots, 1_000, BlockSpec::new(64, 0), 0);
+        assert_eq!(checks.len(), 6, "3 routes (not the peer) x both models");
+        let simulated = |route: &str, model| {
             checks
                 .iter()
                 .find(|c| c.route == route && c.model == model)
@@ -123,12 +134,10 @@ mod tests {
         let first_turns = (8 * 64 + 10 * 64) as u64;
         let new_blocks = 6 * 64;
         assert_eq!(
-            simulated(Route::ProxyMemoryOn, "blocks"),
+            simulated("on", "blocks"),
             first_turns + new_blocks,
             "with memory, every later turn computes only its new block"
         );
-        assert!(
-            simulated(Route::ProxyMemoryOff, "blocks") >= simulated(Route::ProxyMemoryOn, "blocks")
-        );
+        assert!(simulated("off", "blocks") >= simulated("on", "blocks"));
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::run::{Route, RunRecord};
+use crate::run::RunRecord;
 
 /// The `p`-th percentile (nearest rank) of `values`.
 pub fn percentile(values: &[f64], p: f64) -> f64 {
@@ -18,49 +18,59 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The name of the route every ratio is taken to.
+pub const ROUND_ROBIN: &str = "round-robin";
+
 /// One route's figures on one workload.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteFigures {
-    pub route: Route,
-    pub name: &'static str,
-    /// Prompt tokens the engine computed (`prompt_tokens - cached_tokens`, summed).
+    pub route: String,
+    /// Whether it is burst-prefix's proxy (the routes others are checked against).
+    pub ours: bool,
+    /// Prompt tokens the engines computed (their counters, or the answers' usage).
     pub computed_tokens: u64,
+    /// Σ over steps of the busiest replica's computed tokens.
+    pub busiest_sum: u64,
+    /// Σ of the answers' `prompt_tokens - cached_tokens` (a check of the counters), and how many
+    /// answers carried no usage.
+    pub answers_computed_tokens: u64,
+    pub answers_without_usage: usize,
     pub ttft_p50_ms: f64,
     pub ttft_p99_ms: f64,
-    /// Σ over steps of the step's wall time.
+    /// Σ over steps of the step's wall time: on shared cores, total work more than step time.
     pub wall_ms: f64,
-    /// Σ over steps of the busiest replica's computed tokens, over Σ of the mean (1 = even).
-    pub imbalance: f64,
+    /// Per step, the requests each replica finished: where the route put them.
+    pub placements: Vec<Vec<u64>>,
+    pub memory_in_use: Option<bool>,
 }
 
 impl RouteFigures {
-    pub fn new(run: &RunRecord, replicas: usize) -> Self {
-        let computed_tokens = run.requests.iter().map(|r| r.computed_tokens()).sum();
+    pub fn new(run: &RunRecord, ours: bool) -> Self {
         let ttft: Vec<f64> = run.requests.iter().map(|r| r.ttft_ms).collect();
-        let steps = run.step_wall_ms.len();
-        let busiest: u64 = (0..steps)
-            .map(|step| {
-                let mut work = vec![0u64; replicas];
-                for request in run.requests.iter().filter(|r| r.step == step) {
-                    work[request.replica] += request.computed_tokens();
-                }
-                work.into_iter().max().unwrap_or(0)
-            })
-            .sum();
+        let (answers_computed_tokens, answers_without_usage) = run.answers_computed_tokens();
         RouteFigures {
-            route: run.route,
-            name: run.route.name(),
-            computed_tokens,
+            route: run.route.clone(),
+            ours,
+            computed_tokens: run.computed_tokens(),
+            busiest_sum: run.busiest_sum(),
+            answers_computed_tokens,
+            answers_without_usage,
             ttft_p50_ms: percentile(&ttft, 50.0),
             ttft_p99_ms: percentile(&ttft, 99.0),
             wall_ms: run.step_wall_ms.iter().sum(),
-            imbalance: if computed_tokens == 0 {
-                1.0
-            } else {
-                busiest as f64 * replicas as f64 / computed_tokens as f64
-            },
+            placements: run
+                .steps
+                .iter()
+                .map(|step| step.iter().map(|r| r.requests).collect())
+                .collect(),
+            memory_in_use: run.memory_in_use,
         }
+    }
+
+    /// Whether `self` computes fewer tokens than `other` and has a lower busiest-replica sum.
+    pub fn dominates(&self, other: &RouteFigures) -> bool {
+        self.computed_tokens < other.computed_tokens && self.busiest_sum < other.busiest_sum
     }
 }
 
@@ -68,7 +78,7 @@ impl RouteFigures {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SimulatorCheck {
-    pub route: Route,
+    pub route: String,
     /// The simulator's model ("blocks": block-level LRU caches, as published; "slots": the
     /// same with the engine's slots, see `crate::check`).
     pub model: &'static str,
@@ -91,17 +101,24 @@ impl SimulatorCheck {
     }
 }
 
-/// Everything measured on one workload.
+/// Everything measured on one workload with one seed.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadReport {
     pub workload: String,
+    pub seed: u64,
     pub steps: usize,
     pub requests: usize,
+    /// In the engine's tokens.
     pub prompt_tokens: u64,
     /// See [`crate::bound`].
     pub lower_bound_tokens: u64,
+    /// Σ over steps of the step's bound over the replicas: no route's busiest replica can do
+    /// less.
+    pub lower_bound_busiest: u64,
     pub routes: Vec<RouteFigures>,
+    /// Routes not run on this workload, and why.
+    pub skipped: Vec<(String, String)>,
     pub simulator: Vec<SimulatorCheck>,
 }
 
@@ -109,15 +126,15 @@ pub struct WorkloadReport {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Setup {
-    pub replicas: usize,
-    pub slots: usize,
-    pub threads: usize,
-    pub cache_ram_mib: usize,
-    pub max_tokens: usize,
-    pub seed: u64,
-    pub model: String,
     pub engine: String,
-    pub planner: String,
+    pub replicas: usize,
+    /// The engine's settings, in words.
+    pub engine_settings: String,
+    pub max_tokens: usize,
+    pub seeds: Vec<u64>,
+    pub model: String,
+    /// The prompts' form (text or token IDs).
+    pub prompts: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -137,7 +154,52 @@ fn ratio(value: f64, base: f64) -> f64 {
 
 impl WorkloadReport {
     pub fn round_robin(&self) -> Option<&RouteFigures> {
-        self.routes.iter().find(|r| r.route == Route::RoundRobin)
+        self.routes.iter().find(|r| r.route == ROUND_ROBIN)
+    }
+
+    /// Computed tokens over the lower bound.
+    pub fn by_bound(&self, r: &RouteFigures) -> f64 {
+        ratio(r.computed_tokens as f64, self.lower_bound_tokens as f64)
+    }
+
+    /// Busiest-replica sum over its lower bound.
+    pub fn busiest_by_bound(&self, r: &RouteFigures) -> f64 {
+        ratio(r.busiest_sum as f64, self.lower_bound_busiest as f64)
+    }
+
+    /// `pick(r) / pick(round-robin)`.
+    pub fn by_rr(&self, r: &RouteFigures, pick: fn(&RouteFigures) -> f64) -> f64 {
+        self.round_robin()
+            .map_or(f64::NAN, |rr| ratio(pick(r), pick(rr)))
+    }
+
+    /// For each of our routes, the routes that dominate it (fewer computed tokens and a lower
+    /// busiest-replica sum).
+    pub fn dominating(&self) -> Vec<(&RouteFigures, Vec<&RouteFigures>)> {
+        self.routes
+            .iter()
+            .filter(|r| r.ours)
+            .map(|ours| {
+                let others = self.routes.iter().filter(|r| r.dominates(ours)).collect();
+                (ours, others)
+            })
+            .collect()
+    }
+}
+
+/// `lo-hi` of `values` (one value when they agree to the shown precision).
+fn range(values: &[f64], decimals: usize) -> String {
+    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() {
+        return "-".into();
+    }
+    let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = (format!("{lo:.decimals$}"), format!("{hi:.decimals$}"));
+    if lo == hi {
+        lo
+    } else {
+        format!("{lo}-{hi}")
     }
 }
 
@@ -146,49 +208,150 @@ impl Report {
         serde_json::to_string_pretty(self).expect("a report serializes")
     }
 
-    /// The markdown tables: per workload, every route's figures and the simulator check.
+    /// The workloads' names, in order of first appearance.
+    pub fn workload_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for w in &self.workloads {
+            if !names.contains(&w.workload.as_str()) {
+                names.push(&w.workload);
+            }
+        }
+        names
+    }
+
+    /// The routes' names, in order of first appearance.
+    pub fn route_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for r in self.workloads.iter().flat_map(|w| &w.routes) {
+            if !names.contains(&r.route.as_str()) {
+                names.push(&r.route);
+            }
+        }
+        names
+    }
+
+    /// The markdown: per workload, a summary over the seeds (ratios as lo-hi), who dominates
+    /// our proxy, then every seed's figures.
     pub fn to_markdown(&self) -> String {
         let s = &self.setup;
         let mut out = String::new();
-        let _ =
-            writeln!(
+        let _ = writeln!(
             out,
-            "{} llama-server replicas ({}), {} slots and {} thread(s) each, --cache-ram {} MiB; \
-             model {}; {} generated tokens per request; seed {}. Proxy: {}.\n",
-            s.replicas, s.engine, s.slots, s.threads, s.cache_ram_mib, s.model, s.max_tokens,
-            s.seed, s.planner
+            "{} {} replicas ({}); model {}; prompts as {}; {} generated tokens per request; \
+             seeds {:?}. Ratios are to round-robin in the same run (x rr) and to the lower bound \
+             (x bound). *Busiest* is Σ over steps of the busiest replica's computed tokens: the \
+             step time of a cluster whose replicas each have their own accelerator (its bound: \
+             each step's bound spread evenly). Wall time is shared-core time: all replicas ran \
+             on the same 2 cores, so it measures total work, not a cluster's step time.\n",
+            s.replicas, s.engine, s.engine_settings, s.model, s.prompts, s.max_tokens, s.seeds
         );
-        for w in &self.workloads {
-            let _ = writeln!(
+        for name in self.workload_names() {
+            let runs: Vec<&WorkloadReport> = self
+                .workloads
+                .iter()
+                .filter(|w| w.workload == name)
+                .collect();
+            let first = runs[0];
+            let _ =
+                writeln!(
                 out,
-                "**{}**: {} steps, {} requests, {} prompt tokens; lower bound {} computed tokens.\n",
-                w.workload, w.steps, w.requests, w.prompt_tokens, w.lower_bound_tokens
+                "**{name}**: {} steps, {} requests; over seeds {}: {} prompt tokens, lower bound \
+                 {} computed tokens.\n",
+                first.steps,
+                first.requests,
+                runs.iter().map(|w| w.seed.to_string()).collect::<Vec<_>>().join(", "),
+                range(&runs.iter().map(|w| w.prompt_tokens as f64).collect::<Vec<_>>(), 0),
+                range(&runs.iter().map(|w| w.lower_bound_tokens as f64).collect::<Vec<_>>(), 0),
             );
             let _ = writeln!(
                 out,
-                "| route | computed tokens | x bound | x round-robin | TTFT p50 ms (x rr) | \
-                 TTFT p99 ms (x rr) | step wall s (x rr) | imbalance |\n\
+                "| route | computed x bound | computed x rr | busiest x bound | busiest x rr | \
+                 TTFT p50 x rr | TTFT p99 x rr | wall x rr (shared cores) |\n\
                  |---|---:|---:|---:|---:|---:|---:|---:|"
             );
-            let rr = w.round_robin();
-            for r in &w.routes {
-                let vs = |value: f64, pick: fn(&RouteFigures) -> f64| {
-                    rr.map_or(f64::NAN, |rr| ratio(value, pick(rr)))
+            for route in self.route_names() {
+                let cells: Vec<(&WorkloadReport, &RouteFigures)> = runs
+                    .iter()
+                    .filter_map(|w| Some((*w, w.routes.iter().find(|r| r.route == route)?)))
+                    .collect();
+                if cells.is_empty() {
+                    continue;
+                }
+                let col = |f: &dyn Fn(&WorkloadReport, &RouteFigures) -> f64| {
+                    range(&cells.iter().map(|(w, r)| f(w, r)).collect::<Vec<_>>(), 2)
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {:.3} | {:.3} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
-                    r.name,
+                    "| {route} | {} | {} | {} | {} | {} | {} | {} |",
+                    col(&|w, r| w.by_bound(r)),
+                    col(&|w, r| w.by_rr(r, |r| r.computed_tokens as f64)),
+                    col(&|w, r| w.busiest_by_bound(r)),
+                    col(&|w, r| w.by_rr(r, |r| r.busiest_sum as f64)),
+                    col(&|w, r| w.by_rr(r, |r| r.ttft_p50_ms)),
+                    col(&|w, r| w.by_rr(r, |r| r.ttft_p99_ms)),
+                    col(&|w, r| w.by_rr(r, |r| r.wall_ms)),
+                );
+            }
+            out.push('\n');
+            for w in &runs {
+                for (ours, others) in w.dominating() {
+                    let names: Vec<&str> = others.iter().map(|r| r.route.as_str()).collect();
+                    let _ = writeln!(
+                        out,
+                        "- seed {}: {} is dominated by {}",
+                        w.seed,
+                        ours.route,
+                        if names.is_empty() {
+                            "no route".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    );
+                }
+                for (route, why) in &w.skipped {
+                    let _ = writeln!(out, "- seed {}: {route} not run: {why}", w.seed);
+                }
+            }
+            out.push('\n');
+        }
+        out.push_str("### Every seed\n\n");
+        for w in &self.workloads {
+            let _ = writeln!(
+                out,
+                "**{}, seed {}**: {} prompt tokens, lower bound {} (busiest {}).\n\n\
+                 | route | computed | answers' sum | busiest | TTFT p50 ms | TTFT p99 ms | \
+                 wall s | requests per replica, per step |\n|---|---:|---:|---:|---:|---:|---:|---|",
+                w.workload, w.seed, w.prompt_tokens, w.lower_bound_tokens, w.lower_bound_busiest
+            );
+            for r in &w.routes {
+                let placements: Vec<String> = r
+                    .placements
+                    .iter()
+                    .map(|step| {
+                        step.iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join("/")
+                    })
+                    .collect();
+                let answers = if r.answers_without_usage == 0 {
+                    r.answers_computed_tokens.to_string()
+                } else {
+                    format!(
+                        "{} ({} without usage)",
+                        r.answers_computed_tokens, r.answers_without_usage
+                    )
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {answers} | {} | {:.0} | {:.0} | {:.1} | {} |",
+                    r.route,
                     r.computed_tokens,
-                    ratio(r.computed_tokens as f64, w.lower_bound_tokens as f64),
-                    vs(r.computed_tokens as f64, |rr| rr.computed_tokens as f64),
+                    r.busiest_sum,
                     r.ttft_p50_ms,
-                    vs(r.ttft_p50_ms, |rr| rr.ttft_p50_ms),
                     r.ttft_p99_ms,
-                    vs(r.ttft_p99_ms, |rr| rr.ttft_p99_ms),
                     r.wall_ms / 1e3,
-                    vs(r.wall_ms, |rr| rr.wall_ms),
-                    r.imbalance,
+                    placements.join(", ")
                 );
             }
             if !w.simulator.is_empty() {
@@ -201,7 +364,7 @@ impl Report {
                     let _ = writeln!(
                         out,
                         "| {} | {} | {} | {} | {:+.1}% |",
-                        c.route.name(),
+                        c.route,
                         c.model,
                         c.simulated_tokens,
                         c.measured_tokens,
@@ -212,5 +375,80 @@ impl Report {
             out.push('\n');
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn figures(route: &str, computed: u64, busiest: u64, ttft: f64) -> RouteFigures {
+        RouteFigures {
+            route: route.into(),
+            ours: route.starts_with("proxy"),
+            computed_tokens: computed,
+            busiest_sum: busiest,
+            answers_computed_tokens: computed,
+            answers_without_usage: 0,
+            ttft_p50_ms: ttft,
+            ttft_p99_ms: ttft,
+            wall_ms: 1_000.0,
+            placements: vec![vec![1, 1]],
+            memory_in_use: None,
+        }
+    }
+
+    #[test]
+    fn a_route_dominates_ours_only_with_fewer_tokens_and_a_lower_busiest_sum() {
+        let ours = figures("proxy", 100, 50, 1.0);
+        assert!(figures("a", 90, 40, 1.0).dominates(&ours));
+        assert!(!figures("b", 90, 60, 1.0).dominates(&ours));
+        assert!(!figures("c", 100, 40, 1.0).dominates(&ours));
+    }
+
+    #[test]
+    fn the_summary_spans_the_seeds_and_names_who_dominates() {
+        let workload = |seed, proxy_computed| WorkloadReport {
+            workload: "grpo".into(),
+            seed,
+            steps: 1,
+            requests: 2,
+            prompt_tokens: 400,
+            lower_bound_tokens: 100,
+            lower_bound_busiest: 50,
+            routes: vec![
+                figures(ROUND_ROBIN, 300, 150, 200.0),
+                figures("proxy", proxy_computed, 100, 100.0),
+                figures("peer", 150, 90, 100.0),
+            ],
+            skipped: vec![("session".into(), "no conversations".into())],
+            simulator: Vec::new(),
+        };
+        let report = Report {
+            setup: Setup {
+                engine: "vllm".into(),
+                replicas: 2,
+                engine_settings: String::new(),
+                max_tokens: 1,
+                seeds: vec![1, 2],
+                model: "tiny".into(),
+                prompts: "text".into(),
+            },
+            workloads: vec![workload(1, 175), workload(2, 125)],
+        };
+        let markdown = report.to_markdown();
+        assert!(
+            markdown.contains("| proxy | 1.25-1.75 | 0.42-0.58 | 2.00 | 0.67 | 0.50 |"),
+            "{markdown}"
+        );
+        assert!(
+            markdown.contains("- seed 1: proxy is dominated by peer"),
+            "{markdown}"
+        );
+        assert!(
+            markdown.contains("- seed 2: proxy is dominated by no route"),
+            "{markdown}"
+        );
+        assert!(markdown.contains("- seed 1: session not run: no conversations"));
     }
 }

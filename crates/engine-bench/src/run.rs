@@ -1,70 +1,35 @@
-//! One workload through one route: fresh replicas, each step's requests sent at once, every
-//! answer's usage and timing recorded.
+//! One workload through one route, on replicas with empty caches: each step's requests sent at
+//! once, every answer's timing and usage recorded, and what each replica computed in each step
+//! read from the engine's own counters (vLLM) or summed from its answers (llama.cpp).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use burst_prefix_producer::core::{Limits, Producer};
-use burst_prefix_producer::proxy::{ProxyConfig, ENDPOINT_HEADER};
-use burst_prefix_producer::serve::{Role, Service};
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::engine::{start_replicas, stop_replicas, EngineOptions, Replica};
-use crate::usage;
-
-/// How requests reach the replicas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Route {
-    /// (a) Straight to the replicas, cycling through them (carried on across steps).
-    RoundRobin,
-    /// (b) Straight to the replica with the fewest prompt tokens in flight (ties to fewer
-    /// requests, then the lower index), as a KV-utilization scorer sees it.
-    LeastLoaded,
-    /// (c) Through the producer's proxy, the planner without memory (SPEC §4).
-    ProxyMemoryOff,
-    /// (d) Through the producer's proxy with memory across windows (SPEC §7).
-    ProxyMemoryOn,
-}
-
-impl Route {
-    pub const ALL: [Route; 4] = [
-        Route::RoundRobin,
-        Route::LeastLoaded,
-        Route::ProxyMemoryOff,
-        Route::ProxyMemoryOn,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Route::RoundRobin => "round-robin",
-            Route::LeastLoaded => "least-loaded",
-            Route::ProxyMemoryOff => "proxy, memory off",
-            Route::ProxyMemoryOn => "proxy, memory on",
-        }
-    }
-}
+use crate::engine::{counters, settled_counters, Counters, Engine, Replica, MODEL_NAME};
+use crate::peers::PeerRouter;
+use crate::producer::{replica_of_endpoint, Proxy, ENDPOINT_HEADER};
+use crate::prompts::Request;
+use crate::routes::{Direct, Route, RouteKind};
+use crate::usage::{self, EngineUsage};
 
 /// The knobs of a run that are not the engine's.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    pub replicas: usize,
     /// Tokens generated per request (the bench measures prefill; a few decode steps keep the
-    /// slots busy as real requests do).
+    /// engines busy as real requests do).
     pub max_tokens: usize,
-    /// The proxy's planner config, `endpoints` and `memory` left out (the run adds them).
-    pub planner_yaml: String,
-    /// `memory.cacheTokensPerReplica` of the memory-on proxy: what one replica really holds.
-    pub cache_tokens_per_replica: u64,
-    /// `memory.loadHalfLifeMs` of the memory-on proxy.
-    pub load_half_life_ms: u64,
     /// The longest a request may take.
     pub request_timeout: Duration,
     /// Between one step's last answer and the next step (a trainer's update between rollouts).
     pub pause_between_steps: Duration,
+    /// The venv python of the peer routers (bench/engine/peers/setup.sh --print-python).
+    pub peers_python: Option<std::path::PathBuf>,
 }
 
 /// One request's outcome.
@@ -72,40 +37,66 @@ pub struct RunOptions {
 #[serde(rename_all = "camelCase")]
 pub struct RequestRecord {
     pub step: usize,
-    pub replica: usize,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-    /// llama-server's own prompt time (`timings.prompt_ms`).
-    pub prompt_ms: f64,
+    /// The replica that served it, when the route says (direct routes, the proxy's header).
+    pub replica: Option<usize>,
+    /// The engine's usage in the answer (`None` if the answer carried none).
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
     /// From sending the request to its first streamed byte.
     pub ttft_ms: f64,
     pub latency_ms: f64,
 }
 
-impl RequestRecord {
-    pub fn computed_tokens(&self) -> u64 {
-        self.prompt_tokens - self.cached_tokens
-    }
+/// What one replica did in one step.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStep {
+    pub computed_tokens: u64,
+    pub requests: u64,
 }
 
 /// One route's run of one workload.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRecord {
-    pub route: Route,
+    pub route: String,
     pub requests: Vec<RequestRecord>,
     /// Per step: from its first request sent to its last answer.
     pub step_wall_ms: Vec<f64>,
-    /// Through the proxy: whether it exported the memory model's size
+    /// Per step, per replica (see the module doc for the source).
+    pub steps: Vec<Vec<ReplicaStep>>,
+    /// "engine counters" or "answers".
+    pub source: &'static str,
+    /// Through a proxy with memory: whether it exported the memory model's size
     /// (`burst_prefix_memory_blocks`), i.e. the producer really placed with memory.
     pub memory_in_use: Option<bool>,
 }
 
-/// Where one request goes: a replica (direct), or the proxy.
-#[derive(Clone, Copy)]
-enum Target {
-    Replica(usize),
-    Proxy,
+impl RunRecord {
+    /// Σ over replicas and steps.
+    pub fn computed_tokens(&self) -> u64 {
+        self.steps.iter().flatten().map(|r| r.computed_tokens).sum()
+    }
+
+    /// Σ over steps of the busiest replica's computed tokens: a step's time on a cluster whose
+    /// replicas each have their own accelerator.
+    pub fn busiest_sum(&self) -> u64 {
+        self.steps
+            .iter()
+            .map(|step| step.iter().map(|r| r.computed_tokens).max().unwrap_or(0))
+            .sum()
+    }
+
+    /// Σ of `prompt_tokens - cached_tokens` over the answers that carried usage, and how many
+    /// did not.
+    pub fn answers_computed_tokens(&self) -> (u64, usize) {
+        let with: Vec<u64> = self
+            .requests
+            .iter()
+            .filter_map(|r| Some(r.prompt_tokens? - r.cached_tokens?))
+            .collect();
+        (with.iter().sum(), self.requests.len() - with.len())
+    }
 }
 
 /// An HTTP client of its own for each run: a pooled connection to an earlier run's replica
@@ -118,194 +109,293 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
-/// Runs `steps` through `route` on fresh replicas (empty caches), and stops them all.
-pub async fn run(
-    route: Route,
-    steps: &[Vec<Vec<u32>>],
-    engine: &EngineOptions,
-    options: &RunOptions,
-) -> anyhow::Result<RunRecord> {
-    let client = &client()?;
-    let replicas = start_replicas(engine, options.replicas, client).await?;
-    let proxy = match route {
-        Route::ProxyMemoryOff | Route::ProxyMemoryOn => {
-            match start_proxy(&replicas, route, options).await {
-                Ok(proxy) => Some(proxy),
-                Err(error) => {
-                    stop_replicas(replicas).await;
-                    return Err(error);
-                }
+/// What the requests are sent to.
+enum Front {
+    Direct(Direct),
+    Proxy(Proxy),
+    Peer(PeerRouter),
+}
+
+impl Front {
+    async fn start(
+        route: &Route,
+        replicas: &[Replica],
+        options: &RunOptions,
+        log_dir: &Path,
+        client: &reqwest::Client,
+    ) -> anyhow::Result<Front> {
+        Ok(match &route.kind {
+            RouteKind::Direct(direct) => Front::Direct(*direct),
+            RouteKind::Proxy { planner_yaml } => {
+                let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
+                Front::Proxy(Proxy::start(planner_yaml, &addrs).await?)
+            }
+            RouteKind::Peer { peer, args } => {
+                let python = options
+                    .peers_python
+                    .as_deref()
+                    .ok_or_else(|| anyhow!("route {:?} needs --peers-python", route.name))?;
+                let workers: Vec<String> = replicas.iter().map(Replica::url).collect();
+                let log = log_dir.join(format!("{}.log", route.slug()));
+                Front::Peer(PeerRouter::start(*peer, python, args, &workers, log, client).await?)
+            }
+        })
+    }
+
+    async fn stop(self, route: &Route, log_dir: &Path, client: &reqwest::Client) -> Option<bool> {
+        match self {
+            Front::Direct(_) => None,
+            Front::Proxy(proxy) => {
+                let metrics = proxy.metrics();
+                let _ = std::fs::write(log_dir.join(format!("{}.metrics", route.slug())), &metrics);
+                proxy.shutdown().await;
+                Some(metrics.contains("burst_prefix_memory_blocks"))
+            }
+            Front::Peer(router) => {
+                let metrics = router.metrics(client).await;
+                let _ = std::fs::write(log_dir.join(format!("{}.metrics", route.slug())), metrics);
+                router.stop().await;
+                None
             }
         }
-        Route::RoundRobin | Route::LeastLoaded => None,
-    };
-    let mut result = run_steps(route, steps, &replicas, proxy.as_ref(), options, client).await;
-    if let (Ok(record), Some(proxy)) = (&mut result, &proxy) {
-        record.memory_in_use = Some(
-            proxy
-                .producer
-                .metrics()
-                .render()
-                .contains("burst_prefix_memory_blocks"),
-        );
     }
-    if let Some(proxy) = proxy {
-        proxy.shutdown(Duration::from_secs(5)).await;
-    }
-    stop_replicas(replicas).await;
-    result
 }
 
-/// The planner config of a proxy route, without endpoints: `--planner-yaml` (its last line
-/// ended, as a shell's `$(...)` does not) with memory on or (explicitly) off. The simulator's
-/// memory policy is built from the same text.
-pub fn proxy_planner_yaml(options: &RunOptions, memory: bool) -> String {
-    format!(
-        "{}\nmemory:\n  enabled: {memory}\n  cacheTokensPerReplica: {}\n  loadHalfLifeMs: {}\n",
-        options.planner_yaml.trim_end(),
-        options.cache_tokens_per_replica,
-        options.load_half_life_ms
-    )
-}
-
-async fn start_proxy(
+/// Runs `steps` through `route` on `replicas`, whose caches are empty; `lengths` are the
+/// prompts' lengths in the engine's tokens (for least-loaded). Logs and the fronts' metrics go
+/// to `log_dir`.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    route: &Route,
+    steps: &[Vec<Request>],
+    lengths: &[Vec<u64>],
+    engine: &Engine,
     replicas: &[Replica],
-    route: Route,
     options: &RunOptions,
-) -> anyhow::Result<Service> {
-    let mut yaml = proxy_planner_yaml(options, route == Route::ProxyMemoryOn);
-    yaml.push_str("endpoints:\n");
-    for replica in replicas {
-        yaml.push_str(&format!(
-            "  - {{id: {}, address: '{}'}}\n",
-            endpoint_id(replica.index),
-            replica.addr
-        ));
+    log_dir: &Path,
+) -> anyhow::Result<RunRecord> {
+    let client = &client()?;
+    let front = Front::start(route, replicas, options, log_dir, client).await?;
+    let result = run_steps(
+        route, steps, lengths, engine, replicas, &front, options, client,
+    )
+    .await;
+    let memory_in_use = front.stop(route, log_dir, client).await;
+    let mut record = result?;
+    if route.planner().and_then(|p| p.memory_settings()).is_some() {
+        record.memory_in_use = memory_in_use;
     }
-    let producer = Producer::with_config(&yaml, Limits::default())
-        .map_err(|e| anyhow!("the proxy's config is refused: {e}\n{yaml}"))?;
-    Service::on_loopback(producer, ProxyConfig::default())
-        .await
-        .map_err(|e| anyhow!("the proxy does not start: {e}"))
+    Ok(record)
 }
 
-fn endpoint_id(replica: usize) -> String {
-    format!("bench/r{replica}")
-}
-
-fn replica_of_endpoint(id: &str) -> Option<usize> {
-    id.strip_prefix("bench/r")?.parse().ok()
-}
-
+#[allow(clippy::too_many_arguments)]
 async fn run_steps(
-    route: Route,
-    steps: &[Vec<Vec<u32>>],
+    route: &Route,
+    steps: &[Vec<Request>],
+    lengths: &[Vec<u64>],
+    engine: &Engine,
     replicas: &[Replica],
-    proxy: Option<&Service>,
+    front: &Front,
     options: &RunOptions,
     client: &reqwest::Client,
 ) -> anyhow::Result<RunRecord> {
     let urls: Arc<Vec<String>> = Arc::new(replicas.iter().map(Replica::url).collect());
-    let proxy_url = proxy.map(|p| format!("http://{}", p.addr(Role::Api).expect("an API port")));
+    let counted = matches!(engine, Engine::Vllm(_));
     let mut round_robin = 0;
     let mut record = RunRecord {
-        route,
+        route: route.name.clone(),
         requests: Vec::new(),
         step_wall_ms: Vec::new(),
+        steps: Vec::new(),
+        source: if counted {
+            "engine counters"
+        } else {
+            "answers"
+        },
         memory_in_use: None,
     };
-    for (index, step) in steps.iter().enumerate() {
-        let targets: Vec<Target> = match route {
-            Route::RoundRobin => step
+    for (index, (step, lengths)) in steps.iter().zip(lengths).enumerate() {
+        let targets: Vec<Option<usize>> = match front {
+            Front::Direct(Direct::RoundRobin) => step
                 .iter()
                 .map(|_| {
-                    let replica = round_robin % replicas.len();
                     round_robin += 1;
-                    Target::Replica(replica)
+                    Some((round_robin - 1) % replicas.len())
                 })
                 .collect(),
-            Route::LeastLoaded => least_loaded(step, replicas.len())
+            Front::Direct(Direct::LeastLoaded) => least_loaded(lengths, replicas.len())
                 .into_iter()
-                .map(Target::Replica)
+                .map(Some)
                 .collect(),
-            Route::ProxyMemoryOff | Route::ProxyMemoryOn => vec![Target::Proxy; step.len()],
+            Front::Proxy(_) | Front::Peer(_) => vec![None; step.len()],
+        };
+        let front_url = match front {
+            Front::Direct(_) => None,
+            Front::Proxy(proxy) => Some(proxy.url()),
+            Front::Peer(router) => Some(router.url()),
+        };
+        let before = if counted {
+            let mut before = Vec::with_capacity(replicas.len());
+            for replica in replicas {
+                before.push(counters(replica, client).await?);
+            }
+            before
+        } else {
+            Vec::new()
         };
         let started = Instant::now();
-        let sends = step.iter().zip(targets).map(|(prompt, target)| {
-            let url = match target {
-                Target::Replica(r) => urls[r].clone(),
-                Target::Proxy => proxy_url.clone().expect("a proxy for a proxy route"),
-            };
-            let body = json!({
-                "model": "tiny",
-                "prompt": prompt,
-                "max_tokens": options.max_tokens,
-                "temperature": 0.0,
-                "ignore_eos": true,
-                "cache_prompt": true,
-                "stream": true,
-                "stream_options": {"include_usage": true},
-            });
-            let fixed = match target {
-                Target::Replica(r) => Some(r),
-                Target::Proxy => None,
-            };
-            let client = client.clone();
-            let timeout = options.request_timeout;
-            tokio::spawn(async move { send(&client, &url, body, fixed, index, timeout).await })
-        });
-        let sends: Vec<_> = sends.collect();
+        let sends: Vec<_> = step
+            .iter()
+            .zip(targets)
+            .map(|(request, target)| {
+                let url = match target {
+                    Some(r) => urls[r].clone(),
+                    None => front_url.clone().expect("a front for an indirect route"),
+                };
+                let mut body = json!({
+                    "model": MODEL_NAME,
+                    "max_tokens": options.max_tokens,
+                    "temperature": 0.0,
+                    "ignore_eos": true,
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
+                });
+                merge(&mut body, request.prompt.fields());
+                if matches!(engine, Engine::LlamaCpp(_)) {
+                    body["cache_prompt"] = json!(true);
+                }
+                let session = route
+                    .session_header
+                    .clone()
+                    .zip(request.session.map(|id| format!("session-{id}")));
+                let path = request.prompt.path();
+                let client = client.clone();
+                let timeout = options.request_timeout;
+                tokio::spawn(async move {
+                    let sent = Sent {
+                        url: &url,
+                        path,
+                        session,
+                        replica: target,
+                        step: index,
+                        timeout,
+                    };
+                    send(&client, sent, body).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(step.len());
         for sent in futures::future::join_all(sends).await {
-            record
-                .requests
-                .push(sent.context("a request task panicked")??);
+            answers.push(sent.context("a request task panicked")??);
         }
         record
             .step_wall_ms
             .push(started.elapsed().as_secs_f64() * 1e3);
+        let per_replica = if counted {
+            settled_counters(
+                replicas,
+                &before,
+                step.len() as u64,
+                client,
+                Duration::from_secs(30),
+            )
+            .await?
+            .into_iter()
+            .map(|c: Counters| ReplicaStep {
+                computed_tokens: c.computed_tokens,
+                requests: c.finished_requests,
+            })
+            .collect()
+        } else {
+            from_answers(&answers, replicas.len())?
+        };
+        record.steps.push(per_replica);
+        record.requests.extend(answers);
         tokio::time::sleep(options.pause_between_steps).await;
     }
     Ok(record)
 }
 
+/// Adds `fields`' members to `body`.
+fn merge(body: &mut serde_json::Value, fields: serde_json::Value) {
+    if let (Some(body), serde_json::Value::Object(fields)) = (body.as_object_mut(), fields) {
+        body.extend(fields);
+    }
+}
+
+/// Per replica, the step's computed tokens and requests summed from the answers' usage.
+fn from_answers(answers: &[RequestRecord], replicas: usize) -> anyhow::Result<Vec<ReplicaStep>> {
+    let mut per_replica = vec![ReplicaStep::default(); replicas];
+    for answer in answers {
+        let replica = answer
+            .replica
+            .ok_or_else(|| anyhow!("an answer names no replica, and the engine has no counters"))?;
+        let (Some(prompt), Some(cached)) = (answer.prompt_tokens, answer.cached_tokens) else {
+            bail!("an answer of replica {replica} carries no usage");
+        };
+        per_replica[replica].computed_tokens += prompt - cached;
+        per_replica[replica].requests += 1;
+    }
+    Ok(per_replica)
+}
+
 /// The least-loaded route's choices for one step, whose requests are all in flight at once
 /// (the previous step's have finished): the fewest prompt tokens so far, then the fewest
 /// requests, then the lower index. The simulator's `LeastLoaded` decides the same.
-fn least_loaded(step: &[Vec<u32>], replicas: usize) -> Vec<usize> {
-    let mut loads = vec![(0usize, 0usize); replicas];
-    step.iter()
-        .map(|prompt| {
+fn least_loaded(lengths: &[u64], replicas: usize) -> Vec<usize> {
+    let mut loads = vec![(0u64, 0usize); replicas];
+    lengths
+        .iter()
+        .map(|&length| {
             let replica = (0..replicas)
                 .min_by_key(|&r| (loads[r], r))
                 .expect("at least one replica");
-            loads[replica].0 += prompt.len();
+            loads[replica].0 += length;
             loads[replica].1 += 1;
             replica
         })
         .collect()
 }
 
-async fn send(
-    client: &reqwest::Client,
-    url: &str,
-    body: serde_json::Value,
+/// Where and how one request is sent.
+struct Sent<'a> {
+    url: &'a str,
+    path: &'static str,
+    /// (header, value)
+    session: Option<(String, String)>,
+    /// The replica, when the bench chose it.
     replica: Option<usize>,
     step: usize,
     timeout: Duration,
+}
+
+async fn send(
+    client: &reqwest::Client,
+    sent: Sent<'_>,
+    body: serde_json::Value,
 ) -> anyhow::Result<RequestRecord> {
-    let sent = Instant::now();
-    let response = client
-        .post(format!("{url}/v1/completions"))
+    let Sent {
+        url,
+        path,
+        session,
+        replica,
+        step,
+        timeout,
+    } = sent;
+    let started = Instant::now();
+    let mut request = client
+        .post(format!("{url}{path}"))
         .json(&body)
-        .timeout(timeout)
-        .send()
-        .await
-        .with_context(|| {
-            format!(
-                "POST {url}/v1/completions (step {step}, after {:?})",
-                sent.elapsed()
-            )
-        })?;
+        .timeout(timeout);
+    if let Some((header, value)) = session {
+        request = request.header(header, value);
+    }
+    let response = request.send().await.with_context(|| {
+        format!(
+            "POST {url}{path} (step {step}, after {:?})",
+            started.elapsed()
+        )
+    })?;
     let status = response.status();
     let endpoint = response
         .headers()
@@ -316,28 +406,23 @@ async fn send(
     let mut text = Vec::new();
     let mut ttft = None;
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.with_context(|| format!("reading the answer of {url}"))?;
-        ttft.get_or_insert_with(|| sent.elapsed());
+        let chunk = chunk.with_context(|| format!("reading the answer of {url}{path}"))?;
+        ttft.get_or_insert_with(|| started.elapsed());
         text.extend_from_slice(&chunk);
     }
-    let latency = sent.elapsed();
+    let latency = started.elapsed();
     if !status.is_success() {
         bail!(
-            "{url} answered {status} (step {step}): {}",
+            "{url}{path} answered {status} (step {step}): {}",
             String::from_utf8_lossy(&text)
         );
     }
-    let replica = replica
-        .or(endpoint)
-        .ok_or_else(|| anyhow!("the proxy's answer names no bench endpoint"))?;
-    let usage =
-        usage::from_sse(&text).with_context(|| format!("the stream of replica {replica}"))?;
+    let usage: Option<EngineUsage> = usage::from_sse(&text).ok();
     Ok(RequestRecord {
         step,
-        replica,
-        prompt_tokens: usage.prompt_tokens,
-        cached_tokens: usage.cached_tokens,
-        prompt_ms: usage.timings.map_or(f64::NAN, |t| t.prompt_ms),
+        replica: replica.or(endpoint),
+        prompt_tokens: usage.map(|u| u.prompt_tokens),
+        cached_tokens: usage.map(|u| u.cached_tokens),
         ttft_ms: ttft.unwrap_or(latency).as_secs_f64() * 1e3,
         latency_ms: latency.as_secs_f64() * 1e3,
     })
@@ -349,48 +434,32 @@ mod tests {
 
     #[test]
     fn least_loaded_balances_prompt_tokens_like_the_simulator() {
-        let step = vec![vec![1; 12], vec![2; 4], vec![3; 4], vec![4; 4]];
-        assert_eq!(least_loaded(&step, 2), vec![0, 1, 1, 1]);
+        assert_eq!(least_loaded(&[12, 4, 4, 4], 2), vec![0, 1, 1, 1]);
     }
 
     #[test]
-    fn the_proxy_routes_set_memory_explicitly() {
-        let options = RunOptions {
-            replicas: 2,
-            max_tokens: 1,
-            planner_yaml: "windowDurationMs: 50\nblockSizeTokens: 64\n".into(),
-            cache_tokens_per_replica: 6_400,
-            load_half_life_ms: 2_000,
-            request_timeout: Duration::from_secs(1),
-            pause_between_steps: Duration::ZERO,
+    fn the_busiest_replica_is_summed_over_steps() {
+        let step = |a, b| {
+            vec![
+                ReplicaStep {
+                    computed_tokens: a,
+                    requests: 1,
+                },
+                ReplicaStep {
+                    computed_tokens: b,
+                    requests: 1,
+                },
+            ]
         };
-        let planner = |memory| {
-            let yaml = format!("{}endpoints: []\n", proxy_planner_yaml(&options, memory));
-            burst_prefix_api::ProducerConfig::from_yaml(&yaml)
-                .unwrap()
-                .planner
+        let record = RunRecord {
+            route: "r".into(),
+            requests: Vec::new(),
+            step_wall_ms: vec![1.0, 1.0],
+            steps: vec![step(10, 3), step(2, 7)],
+            source: "answers",
+            memory_in_use: None,
         };
-        assert_eq!(planner(false).memory_settings(), None);
-        let on = planner(true).memory_settings().unwrap();
-        assert_eq!(on.capacity_blocks.get(), 100);
-        assert_eq!(on.load_half_life_ms, 2_000);
-        assert_eq!(planner(true).window_duration_ms, 50);
-        // A last line without its newline (a shell's `$(...)`) is still a line of its own.
-        let options = RunOptions {
-            planner_yaml: "windowDurationMs: 50\nidleSealMs: 20".into(),
-            ..options
-        };
-        let yaml = format!("{}endpoints: []\n", proxy_planner_yaml(&options, true));
-        let planner = burst_prefix_api::ProducerConfig::from_yaml(&yaml)
-            .unwrap()
-            .planner;
-        assert_eq!(planner.idle_seal_ms, 20);
-        assert!(planner.memory_settings().is_some());
-    }
-
-    #[test]
-    fn endpoint_ids_round_trip() {
-        assert_eq!(replica_of_endpoint(&endpoint_id(12)), Some(12));
-        assert_eq!(replica_of_endpoint("other/r1"), None);
+        assert_eq!(record.computed_tokens(), 22);
+        assert_eq!(record.busiest_sum(), 17);
     }
 }

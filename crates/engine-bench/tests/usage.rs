@@ -115,7 +115,7 @@ fn a_recorded_run_against_its_lower_bound() {
         .collect();
     // Step 0: a (300), a again (a full hit: 1), a[..200] + b (50 new).
     // Step 1: c (100), a + d: the bound counts d's 40 only (a is known from step 0) ...
-    assert_eq!(lower_bound_per_step(&steps), vec![351, 140]);
+    assert_eq!(lower_bound_per_step(&steps, 1), vec![351, 140]);
     // ... but the engine computed 140 of it: serving a[..200] + b on a's slot kept 200 of a's
     // tokens and dropped the rest (llama.cpp saves a slot to its host cache only when a new
     // prompt keeps less than half of it), so a's last 100 tokens were computed again.
