@@ -22,16 +22,20 @@ use tower::ServiceExt;
 /// Small, so that the fuzzer reaches `413 body_too_large`.
 const MAX_BODY_BYTES: usize = 4096;
 
-const HOP_BY_HOP: [&str; 8] = [
+const HOP_BY_HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
     "proxy-authorization",
+    "proxy-connection",
     "te",
     "trailer",
     "transfer-encoding",
     "upgrade",
 ];
+
+/// The client's address the checks forward for.
+const PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
 
 thread_local! {
     /// One runtime and one router for the whole run: with no config, a request changes nothing
@@ -176,10 +180,11 @@ pub fn check(data: &[u8]) {
     }
 }
 
-/// The headers passed on: all but the hop-by-hop ones, those `connection` names, `host` and
-/// `content-length`; the others whole, in order.
+/// The headers passed on: all but the hop-by-hop ones, those `connection` names, `host`,
+/// `content-length` and `expect`; `x-forwarded-for` with the client's address appended; the
+/// others whole, in order.
 fn check_forwarded(headers: &HeaderMap) {
-    let forwarded = proxy::upstream::forwarded(headers);
+    let forwarded = proxy::upstream::forwarded(headers, Some(PEER));
     let named: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -191,9 +196,19 @@ fn check_forwarded(headers: &HeaderMap) {
         HOP_BY_HOP.contains(&name.as_str())
             || name == header::HOST
             || name == header::CONTENT_LENGTH
+            || name == header::EXPECT
             || named.iter().any(|n| n == name.as_str())
     };
-    for name in headers.keys() {
+    let chain = forwarded
+        .get("x-forwarded-for")
+        .expect("the client's address is forwarded")
+        .to_str()
+        .expect("text");
+    assert!(chain.ends_with(&PEER.to_string()), "{chain}");
+    for name in headers
+        .keys()
+        .filter(|name| name.as_str() != "x-forwarded-for")
+    {
         let sent: Vec<&HeaderValue> = forwarded.get_all(name).iter().collect();
         if dropped(name) {
             assert!(sent.is_empty(), "{name} is not passed on");
@@ -203,7 +218,9 @@ fn check_forwarded(headers: &HeaderMap) {
         }
     }
     assert!(
-        forwarded.keys().all(|name| headers.contains_key(name)),
-        "nothing is added"
+        forwarded
+            .keys()
+            .all(|name| headers.contains_key(name) || name.as_str() == "x-forwarded-for"),
+        "nothing but x-forwarded-for is added"
     );
 }

@@ -13,7 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::{Extension, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -79,7 +80,8 @@ pub async fn serve(
         };
         // Small responses go out at once (no Nagle delay).
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // The client's address, for the proxy's `x-forwarded-for`.
+        let service = TowerToHyperService::new(router.clone().layer(Extension(ConnectInfo(peer))));
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let timeout = limits.header_read_timeout;

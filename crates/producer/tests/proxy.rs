@@ -258,7 +258,7 @@ async fn a_dead_replica_is_retried_and_a_group_fails_over_together() {
     assert!(
         sample(
             &metrics,
-            "burst_prefix_upstream_cooldowns_total{endpoint=\"ns/a\"}"
+            "burst_prefix_upstream_cooldowns_total{endpoint=\"ns/a\",reason=\"unreachable\"}"
         ) >= 1.0
     );
     // Cooling down: the next request is not sent to `ns/a` at all.

@@ -2,9 +2,14 @@
 //! through it (the proxy and the endpoint picker count them) and a cool-down after it failed
 //! (passive health, like Envoy's outlier detection). Planning uses only the endpoints that are
 //! not cooling down, and takes the in-flight counts as running requests.
+//!
+//! A cool-down follows what says a replica is unwell, never what one request made it answer: a
+//! refused connection cools it at once; 502, 503 or 504 answers cool it only after several in a
+//! row, and answers to retries do not count (a request that fails everywhere it is sent would
+//! otherwise cool every replica it is retried on).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -19,6 +24,35 @@ pub struct LiveEndpoints {
 struct EndpointState {
     in_flight: AtomicU64,
     cooling_until: Mutex<Option<Instant>>,
+    /// 502, 503 or 504 answers to first attempts in a row.
+    failed_in_a_row: AtomicU32,
+}
+
+/// What an attempt to send a request to an endpoint showed of its health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempted {
+    /// No connection: the replica is down or gone.
+    Unreachable,
+    /// It answered 502, 503 or 504; `retry` when the request had failed elsewhere first.
+    Failed { retry: bool },
+    /// It answered otherwise.
+    Answered,
+}
+
+/// Why an endpoint was cooled down (`burst_prefix_upstream_cooldowns_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CooldownReason {
+    Unreachable,
+    FailedInARow,
+}
+
+impl CooldownReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            CooldownReason::Unreachable => "unreachable",
+            CooldownReason::FailedInARow => "failed_in_a_row",
+        }
+    }
 }
 
 impl EndpointState {
@@ -80,6 +114,32 @@ impl LiveEndpoints {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(until);
     }
 
+    /// Records what an attempt showed of `id`; whether it now cools down, and why. It cools
+    /// down when unreachable, or on its `failed_in_a_row`-th failure in a row to a first attempt.
+    pub fn attempted(
+        &self,
+        id: &str,
+        attempted: Attempted,
+        failed_in_a_row: u32,
+    ) -> Option<CooldownReason> {
+        let state = self.state(id);
+        match attempted {
+            Attempted::Unreachable => Some(CooldownReason::Unreachable),
+            Attempted::Failed { retry: true } => None,
+            Attempted::Failed { retry: false } => {
+                let failed = state.failed_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+                (failed >= failed_in_a_row).then(|| {
+                    state.failed_in_a_row.store(0, Ordering::Relaxed);
+                    CooldownReason::FailedInARow
+                })
+            }
+            Attempted::Answered => {
+                state.failed_in_a_row.store(0, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
     pub fn cooling(&self, id: &str, now: Instant) -> bool {
         self.read().get(id).is_some_and(|state| state.cooling(now))
     }
@@ -111,6 +171,36 @@ mod tests {
     use super::*;
     use burst_prefix_api::ProducerConfig;
     use std::time::Duration;
+
+    #[test]
+    fn only_an_unreachable_replica_or_failures_in_a_row_to_first_attempts_cool_it_down() {
+        let live = LiveEndpoints::default();
+        let failed = |retry| Attempted::Failed { retry };
+        assert_eq!(
+            live.attempted("a", Attempted::Unreachable, 3),
+            Some(CooldownReason::Unreachable)
+        );
+        assert_eq!(live.attempted("a", failed(false), 3), None);
+        assert_eq!(live.attempted("a", failed(false), 3), None);
+        assert_eq!(
+            live.attempted("a", failed(true), 3),
+            None,
+            "a retry does not count"
+        );
+        assert_eq!(
+            live.attempted("a", failed(false), 3),
+            Some(CooldownReason::FailedInARow)
+        );
+        // Counted afresh after a cool-down, and an answer in between resets the count.
+        assert_eq!(live.attempted("a", failed(false), 3), None);
+        assert_eq!(live.attempted("a", Attempted::Answered, 3), None);
+        assert_eq!(live.attempted("a", failed(false), 3), None);
+        assert_eq!(live.attempted("a", failed(false), 3), None);
+        assert_eq!(
+            live.attempted("b", failed(false), 1),
+            Some(CooldownReason::FailedInARow)
+        );
+    }
 
     #[test]
     fn in_flight_counts_until_dropped_and_a_fleet_never_cools_down_whole() {

@@ -197,9 +197,9 @@ impl Metrics {
         let upstream_cooldowns = IntCounterVec::new(
             Opts::new(
                 "burst_prefix_upstream_cooldowns_total",
-                "Times an endpoint was left out of planning and routing after it refused, by endpoint",
+                "Times an endpoint was left out of planning and routing, by endpoint and reason: unreachable (a refused connection), failed_in_a_row (502/503/504 answers in a row)",
             ),
-            &["endpoint"],
+            &["endpoint", "reason"],
         )
         .unwrap();
         let epp_served = IntCounterVec::new(
@@ -322,8 +322,10 @@ impl Metrics {
         self.upstream_retries.inc();
     }
 
-    pub fn upstream_cooldown(&self, endpoint: &str) {
-        self.upstream_cooldowns.with_label_values(&[endpoint]).inc();
+    pub fn upstream_cooldown(&self, endpoint: &str, reason: &str) {
+        self.upstream_cooldowns
+            .with_label_values(&[endpoint, reason])
+            .inc();
     }
 
     /// Drops the per-endpoint series of endpoints the config no longer names (a fleet that
@@ -435,7 +437,7 @@ mod tests {
         let metrics = Metrics::new();
         metrics.upstream_request("ml/a", UpstreamClass::of(200));
         metrics.upstream_request("ml/b", UpstreamClass::of(503));
-        metrics.upstream_cooldown("ml/b");
+        metrics.upstream_cooldown("ml/b", "unreachable");
         metrics.epp_served("ml/b");
         metrics.upstream_in_flight("ml/c").inc();
         metrics.upstream_in_flight("ml/d").inc();

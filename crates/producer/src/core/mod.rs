@@ -39,7 +39,7 @@ pub use config_store::{ConfigOrigin, Snapshot};
 pub use error::{PlaceError, Refused};
 pub use hints::Hints;
 pub use limits::Limits;
-pub use live::InFlight;
+pub use live::{Attempted, InFlight};
 pub use placement::Placement;
 pub use routing::Route;
 
@@ -288,16 +288,28 @@ impl Producer {
         self.live.in_flight(id)
     }
 
-    /// Leaves endpoint `id` out of planning and routing for `cooldown`, after it refused a
-    /// request (`reason`).
-    pub fn cool_down(&self, id: &str, cooldown: Duration, reason: &str) {
+    /// Records what an attempt to send a request to endpoint `id` showed (`detail` says what
+    /// happened); when it says the endpoint is unwell (docs/behaviour.md §8), leaves it out of
+    /// planning and routing for `cooldown`.
+    pub fn attempted(
+        &self,
+        id: &str,
+        attempted: Attempted,
+        detail: &str,
+        cooldown: Duration,
+        failed_in_a_row: u32,
+    ) {
+        let Some(reason) = self.live.attempted(id, attempted, failed_in_a_row) else {
+            return;
+        };
         self.live.cool_down(id, Instant::now() + cooldown);
-        self.metrics.upstream_cooldown(id);
+        self.metrics.upstream_cooldown(id, reason.label());
         tracing::warn!(
             endpoint = id,
-            reason,
+            reason = reason.label(),
+            detail,
             cooldown_ms = cooldown.as_millis() as u64,
-            "upstream refused; left out of planning and routing for the cool-down"
+            "upstream unwell; left out of planning and routing for the cool-down"
         );
     }
 

@@ -12,11 +12,12 @@
 pub mod error;
 pub mod upstream;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{OriginalUri, State};
+use axum::extract::{ConnectInfo, OriginalUri, Request, State};
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,8 +41,11 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// How many times a refused request is tried again on the next replica.
     pub retries: usize,
-    /// How long a replica that refused is left out of planning and routing.
+    /// How long a replica that failed is left out of planning and routing.
     pub cooldown: Duration,
+    /// Answers 502, 503 or 504 in a row (to first attempts) after which a replica cools down;
+    /// a refused connection cools it at once (docs/behaviour.md §8).
+    pub cooldown_after_5xx: u32,
     /// An idle pooled connection to a replica is closed after this long. Below the servers'
     /// own keep-alive timeout (5 s for uvicorn, i.e. vLLM and SGLang, and for llama-server's
     /// cpp-httplib), so the proxy never sends on a connection the server is closing: such a
@@ -56,6 +60,7 @@ impl Default for ProxyConfig {
             upstream_timeout: Duration::from_secs(300),
             retries: 1,
             cooldown: Duration::from_secs(10),
+            cooldown_after_5xx: 3,
             idle_timeout: Duration::from_secs(3),
         }
     }
@@ -73,19 +78,29 @@ pub fn router(producer: Producer, config: ProxyConfig) -> Router {
 async fn forward(
     State(upstreams): State<Arc<Upstreams>>,
     OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
     let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
-    place_and_send(&upstreams, path, headers, body)
+    let peer = peer_of(&request);
+    let (parts, body) = request.into_parts();
+    place_and_send(&upstreams, path, parts.headers, peer, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The client's address, when the listener recorded it.
+fn peer_of(request: &Request) -> Option<IpAddr> {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip())
 }
 
 async fn place_and_send(
     upstreams: &Upstreams,
     path: &str,
     headers: HeaderMap,
+    peer: Option<IpAddr>,
     body: Body,
 ) -> Result<Response, ProxyError> {
     let producer = upstreams.producer();
@@ -95,6 +110,7 @@ async fn place_and_send(
         method: Method::POST,
         path,
         headers: &headers,
+        peer,
         body: &body,
         window: Some(placement.window_id),
     };
@@ -102,7 +118,9 @@ async fn place_and_send(
 }
 
 /// `GET /v1/models`: from the usable replica with the fewest requests in flight.
-async fn models(State(upstreams): State<Arc<Upstreams>>, headers: HeaderMap) -> Response {
+async fn models(State(upstreams): State<Arc<Upstreams>>, request: Request) -> Response {
+    let peer = peer_of(&request);
+    let headers = request.headers();
     let send = async {
         let route = upstreams
             .producer()
@@ -110,7 +128,8 @@ async fn models(State(upstreams): State<Arc<Upstreams>>, headers: HeaderMap) -> 
         let request = Outgoing {
             method: Method::GET,
             path: "/v1/models",
-            headers: &headers,
+            headers,
+            peer,
             body: &Bytes::new(),
             window: None,
         };

@@ -6,6 +6,7 @@
 //! upstream twice but for those refusals. The answer streams back chunk by chunk; a client that
 //! goes away drops the upstream request with it.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,7 +20,7 @@ use prometheus::IntGauge;
 use super::error::ProxyError;
 use super::{ProxyConfig, ENDPOINT_HEADER, WINDOW_HEADER};
 use crate::core::metrics::{Metrics, UpstreamClass};
-use crate::core::{InFlight, Producer, Route};
+use crate::core::{Attempted, InFlight, Producer, Route};
 
 /// The replicas as the proxy reaches them: one pooled client, one config.
 pub struct Upstreams {
@@ -33,6 +34,8 @@ pub struct Outgoing<'a> {
     pub method: Method,
     pub path: &'a str,
     pub headers: &'a HeaderMap,
+    /// The client's address, appended to `x-forwarded-for`.
+    pub peer: Option<IpAddr>,
     pub body: &'a Bytes,
     /// The window it was planned in, for the response header.
     pub window: Option<u64>,
@@ -61,6 +64,9 @@ impl Upstreams {
             .tcp_nodelay(true)
             // Straight to the pods, whatever HTTP_PROXY says.
             .no_proxy()
+            // A redirect goes back to the client: followed, it would make any replica (or a
+            // reused pod IP) a relay to whatever the producer can reach.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("an HTTP client with plain settings builds");
         Upstreams {
@@ -86,10 +92,11 @@ impl Upstreams {
         request: &Outgoing<'_>,
         route: &Route,
     ) -> Result<Response, ProxyError> {
-        let mut targets = route.endpoints().take(self.config.retries + 1).peekable();
+        let mut targets = route.endpoints().take(self.config.retries + 1);
         let mut target = targets.next().expect("a route is never empty");
+        let mut retry = false;
         loop {
-            match self.send(request, target).await {
+            match self.send(request, target, retry).await {
                 Sent::Answer(response) => return Ok(response),
                 Sent::Failed(error) => return Err(error),
                 Sent::Refused { error, answer } => {
@@ -99,14 +106,17 @@ impl Upstreams {
                     self.producer.metrics().upstream_retry();
                     tracing::info!(from = %target.id, to = %next.id, %error, "retrying on the next replica");
                     target = next;
+                    retry = true;
                 }
             }
         }
     }
 
-    /// Sends one request to `endpoint`. A refusal (connection refused, or 502/503 before any
-    /// byte) cools the endpoint down.
-    async fn send(&self, request: &Outgoing<'_>, endpoint: &Endpoint) -> Sent {
+    /// Sends one request to `endpoint` (`retry`: after it failed elsewhere), and tells the core
+    /// what that showed of the endpoint's health. A refused connection, or 502/503 before any
+    /// byte, is worth trying the next endpoint; redirects and other answers go back to the
+    /// client as they are.
+    async fn send(&self, request: &Outgoing<'_>, endpoint: &Endpoint, retry: bool) -> Sent {
         let metrics = self.producer.metrics();
         let attempt = Attempt::start(&self.producer, &endpoint.id);
         let started = Instant::now();
@@ -116,7 +126,7 @@ impl Upstreams {
                 request.method.clone(),
                 format!("http://{}{}", endpoint.address, request.path),
             )
-            .headers(forwarded(request.headers))
+            .headers(forwarded(request.headers, request.peer))
             .body(request.body.clone())
             .send()
             .await;
@@ -138,8 +148,7 @@ impl Upstreams {
                 }
                 let detail = error_chain(&error);
                 if error.is_connect() {
-                    self.producer
-                        .cool_down(&endpoint.id, self.config.cooldown, &detail);
+                    self.attempted(endpoint, Attempted::Unreachable, &detail);
                     return Sent::Refused {
                         error: failure(detail),
                         answer: None,
@@ -150,6 +159,19 @@ impl Upstreams {
         };
         let status = upstream.status();
         metrics.upstream_request(&endpoint.id, UpstreamClass::of(status.as_u16()));
+        if status.is_informational() {
+            // Only a protocol switch reaches here (hyper handles 100 and skips the others):
+            // the client asked for no upgrade, so nothing of it can be passed on.
+            return Sent::Failed(failure(format!(
+                "answered {status}, an interim answer the client did not ask for"
+            )));
+        }
+        let failed = matches!(status.as_u16(), 502..=504);
+        let health = match failed {
+            true => Attempted::Failed { retry },
+            false => Attempted::Answered,
+        };
+        self.attempted(endpoint, health, &format!("answered {status}"));
         let answer = streamed(
             upstream,
             &endpoint.id,
@@ -159,15 +181,22 @@ impl Upstreams {
             metrics.clone(),
         );
         if matches!(status.as_u16(), 502 | 503) {
-            let reason = format!("answered {status}");
-            self.producer
-                .cool_down(&endpoint.id, self.config.cooldown, &reason);
             return Sent::Refused {
-                error: failure(reason),
+                error: failure(format!("answered {status}")),
                 answer: Some(answer),
             };
         }
         Sent::Answer(answer)
+    }
+
+    fn attempted(&self, endpoint: &Endpoint, attempted: Attempted, detail: &str) {
+        self.producer.attempted(
+            &endpoint.id,
+            attempted,
+            detail,
+            self.config.cooldown,
+            self.config.cooldown_after_5xx,
+        );
     }
 }
 
@@ -196,14 +225,34 @@ impl Drop for Attempt {
 }
 
 /// Request headers to pass on: all but hop-by-hop ones (those the `connection` header names
-/// too), `host` and `content-length`.
-pub fn forwarded(headers: &HeaderMap) -> HeaderMap {
+/// too), `host`, `content-length` and `expect` (the proxy has the whole body already), with the
+/// client's address appended to `x-forwarded-for` (what the client sent there is kept, not
+/// trusted).
+pub fn forwarded(headers: &HeaderMap, peer: Option<IpAddr>) -> HeaderMap {
     let mut out = headers.clone();
     strip_hop_by_hop(&mut out);
     out.remove(header::HOST);
     out.remove(header::CONTENT_LENGTH);
+    out.remove(header::EXPECT);
+    if let Some(peer) = peer {
+        let chain: Vec<&str> = headers
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .collect();
+        let peer = peer.to_string();
+        let value = match chain.is_empty() {
+            true => peer,
+            false => format!("{}, {peer}", chain.join(", ")),
+        };
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            out.insert(X_FORWARDED_FOR, value);
+        }
+    }
     out
 }
+
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
 /// Removes the hop-by-hop headers (RFC 9110 §7.6.1), those the `connection` header names too.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -222,6 +271,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         HeaderName::from_static("keep-alive"),
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
+        HeaderName::from_static("proxy-connection"),
         header::TE,
         header::TRAILER,
         header::TRANSFER_ENCODING,

@@ -162,13 +162,20 @@ pub struct ProxyArgs {
     /// byte) is sent to the next replica; 0 never retries.
     #[arg(long, env = "BURST_PREFIX_UPSTREAM_RETRIES", default_value_t = 1)]
     pub upstream_retries: usize,
-    /// How long a replica that refused is left out of planning and routing, in milliseconds.
+    /// How long an unwell replica is left out of planning and routing, in milliseconds. A
+    /// replica is unwell when it refuses a connection, or after --upstream-cooldown-after
+    /// answers 502, 503 or 504 in a row (answers to retries do not count).
     #[arg(
         long,
         env = "BURST_PREFIX_UPSTREAM_COOLDOWN_MS",
         default_value_t = 10_000
     )]
     pub upstream_cooldown_ms: u64,
+    /// Answers 502, 503 or 504 in a row after which a replica cools down (one answer never
+    /// does: a request can make any replica answer so).
+    #[arg(long, env = "BURST_PREFIX_UPSTREAM_COOLDOWN_AFTER", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub upstream_cooldown_after: u32,
     /// Idle connections to a replica are closed after this many milliseconds. Keep it below
     /// the inference servers' keep-alive timeout (5 s for vLLM, SGLang and llama-server): a
     /// request sent on a connection the server is closing fails and is not retried.
@@ -184,6 +191,7 @@ impl ProxyArgs {
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
             retries: self.upstream_retries,
             cooldown: Duration::from_millis(self.upstream_cooldown_ms),
+            cooldown_after_5xx: self.upstream_cooldown_after,
             idle_timeout: Duration::from_millis(self.upstream_idle_timeout_ms),
         }
     }
