@@ -1,5 +1,5 @@
 use super::*;
-use crate::prefixhash::{hash_prompts, BlockSpec, Prompt};
+use crate::prefixhash::{hash_prompts, BlockHash, BlockSpec, Prompt};
 use proptest::prelude::*;
 
 const IDS: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
