@@ -7,6 +7,8 @@
 pub mod memory;
 pub mod plan;
 pub mod prefixhash;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use memory::{Memory, MemorySettings};
 pub use plan::{

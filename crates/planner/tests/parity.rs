@@ -4,9 +4,9 @@
 
 mod reference;
 
+use burst_prefix_planner::testing::{batch, batch_with_endpoints, copies, replica_ids, replicas};
 use burst_prefix_planner::{
-    assign, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, PlanParams, Prompt,
-    Replica,
+    assign, hash_prompts, BalanceBy, BlockHash, BlockSpec, PlanParams, Prompt, Replica,
 };
 use proptest::prelude::*;
 use reference::reference_assign;
@@ -136,20 +136,6 @@ impl Case {
     }
 }
 
-fn batch<'a>(
-    blocks: &'a [Vec<BlockHash>],
-    allowed: &'a [Option<Vec<usize>>],
-) -> Vec<BatchRequest<'a>> {
-    blocks
-        .iter()
-        .zip(allowed)
-        .map(|(blocks, allowed)| BatchRequest {
-            blocks,
-            allowed_replicas: allowed.as_deref(),
-        })
-        .collect()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -157,7 +143,7 @@ proptest! {
     fn assign_is_the_reference_plan(case in case()) {
         let blocks = case.hashed();
         let allowed = case.allowed_lists();
-        let requests = batch(&blocks, &allowed);
+        let requests = batch_with_endpoints(&blocks, &allowed);
         let replicas: Vec<Replica<'_>> = case
             .replicas
             .iter()
@@ -175,18 +161,10 @@ proptest! {
 /// The SPEC §4 examples, through the reference too: the two readings agree on them.
 #[test]
 fn reference_reads_the_spec_examples() {
-    let ids = ["p1", "p2", "p3", "p4"];
-    let replicas: Vec<Replica<'_>> = ids
-        .iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect();
-    let prompt: Vec<BlockHash> = vec![1, 2, 3, 4];
-    let blocks = vec![prompt; 8];
-    let allowed = vec![None; 8];
-    let requests = batch(&blocks, &allowed);
+    let ids = replica_ids(4);
+    let replicas = replicas(&ids);
+    let blocks = copies(vec![1, 2, 3, 4], 8);
+    let requests = batch(&blocks);
     let counts = |k: Option<usize>, replicas: &[Replica<'_>]| {
         let params = PlanParams {
             max_per_replica: k,
