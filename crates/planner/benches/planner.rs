@@ -89,7 +89,8 @@ fn planning(c: &mut Criterion) {
     group.finish();
 }
 
-/// Issue 17's RL step: 1,024 prompts x 8 samples, 1,024 replicas, k = 1 (requests mode, N = 0).
+/// Issue 17's RL step: 1,024 prompts x 8 samples, 1,024 replicas, k = 1 (requests mode, N = 0);
+/// `assign_n1` with N = 1, where every unit may follow the system prompt to any replica holding it.
 fn rl_step_bench(c: &mut Criterion) {
     let prompts = rl_step(1_024, 8, 16, 8);
     let batch = batch(&prompts);
@@ -104,6 +105,13 @@ fn rl_step_bench(c: &mut Criterion) {
     group.bench_function("assign", |b| {
         b.iter(|| assign(black_box(&batch), &replicas, &params))
     });
+    let n1 = PlanParams {
+        min_colocate_blocks: 1,
+        ..params
+    };
+    group.bench_function("assign_n1", |b| {
+        b.iter(|| assign(black_box(&batch), &replicas, &n1))
+    });
     group.bench_function("reference_baseline", |b| {
         b.iter(|| reference_assign(black_box(&batch), &replicas, &params))
     });
@@ -112,6 +120,8 @@ fn rl_step_bench(c: &mut Criterion) {
 
 /// Replicas from 16 to 50,000 with the work growing alike: as many prompts as replicas, 8
 /// samples each, sharing a 16-block system prompt. Near-linear planning shows as a slope ~1.
+/// With N = 0 (`assign_k..`) a unit looks up only the replicas it lands on; with N = 1
+/// (`assign_n1_k..`) it may follow the system prompt, which every replica soon holds.
 fn scaling(c: &mut Criterion) {
     let mut group = c.benchmark_group("scaling_groups_eq_replicas");
     group.sampling_mode(SamplingMode::Flat).sample_size(10);
@@ -130,6 +140,15 @@ fn scaling(c: &mut Criterion) {
                 BenchmarkId::new(format!("assign_{name}"), fleet),
                 &batch,
                 |b, batch| b.iter(|| assign(black_box(batch), &list, &params)),
+            );
+            let n1 = PlanParams {
+                min_colocate_blocks: 1,
+                ..params
+            };
+            group.bench_with_input(
+                BenchmarkId::new(format!("assign_n1_{name}"), fleet),
+                &batch,
+                |b, batch| b.iter(|| assign(black_box(batch), &list, &n1)),
             );
             // The naive reading is quadratic in replicas: only where it ends in seconds.
             if fleet <= 1_024 {
