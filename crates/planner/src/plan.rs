@@ -17,6 +17,7 @@
 mod answer;
 mod balance;
 mod block_keys;
+mod held_blocks;
 mod inputs;
 mod placer;
 mod recall;
@@ -31,9 +32,10 @@ pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
 
 use answer::NO_LIST;
 use balance::{max_share, Balance};
+use held_blocks::HeldBlocks;
 use placer::Placer;
 use recall::{Recall, NO_REPLICA};
-use units::{count_sharers, form_units, most_constrained_first, UnitKind};
+use units::{count_sharers, form_units, most_constrained_first, Unit, UnitKind};
 
 use crate::memory::Memory;
 
@@ -132,20 +134,29 @@ fn plan(
     if recall.is_some() {
         count_sharers(&mut units);
     }
-    // (block, replica) pairs the window can record: each unit on at most ceil(members / k)
-    // replicas (with memory, only the prefix it shares: `Placer::place`).
+    // Each unit lands on at most ceil(members / k) replicas.
     let k = params.max_per_replica.unwrap_or(usize::MAX);
-    let total_blocks = units
-        .iter()
-        .map(|unit| {
-            let recorded = if recall.is_some() {
-                unit.shared()
-            } else {
-                unit.blocks.len()
-            };
-            recorded * unit.members.len().div_ceil(k).min(replicas.len())
-        })
-        .sum();
+    let replicas_per_unit = |unit: &Unit<'_>| unit.members.len().div_ceil(k).min(replicas.len());
+    // The window's own index: with memory, the prefix each unit shares (`Placer::place`),
+    // walked; without, the blocks two units contain, looked up.
+    let (walked_blocks, held) = match recall {
+        Some(_) => {
+            let pairs = units
+                .iter()
+                .map(|unit| unit.shared() * replicas_per_unit(unit))
+                .sum();
+            (pairs, HeldBlocks::new(&[], 0, replicas_per_unit, false))
+        }
+        None => (
+            0,
+            HeldBlocks::new(
+                &units,
+                replicas.len(),
+                replicas_per_unit,
+                prefer_from.is_some(),
+            ),
+        ),
+    };
     let carried = recall
         .as_ref()
         .map_or_else(|| vec![0; replicas.len()], |r| r.carried.clone());
@@ -165,7 +176,8 @@ fn plan(
         prefer_from,
         carried,
         recall,
-        total_blocks,
+        walked_blocks,
+        held,
     );
     if placer.recall.is_some() {
         plan.held.list_of = vec![NO_LIST; batch.len()];

@@ -1,10 +1,11 @@
 //! Step 5 of the spec's placement: each unit's first replica, filled up to k, then spilled to
 //! the next least-loaded replica; the load it adds.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 use super::balance::Balance;
 use super::block_keys::BuildBlockHasher;
+use super::held_blocks::HeldBlocks;
 use super::recall::Recall;
 use super::units::Unit;
 use super::{BalanceBy, Plan, PlanParams, Replica, Source};
@@ -12,10 +13,12 @@ use crate::prefixhash::BlockHash;
 
 /// Step 5: the state of one window's placement.
 ///
-/// Cost: with the prefix preference on (N > 0, or memory), each unit walks the holders of its
-/// leading blocks once (a per-replica marker, never a scan of a holder list per replica);
-/// without it, only the replicas a unit lands on look up what they hold. The least-loaded
-/// replica comes from an ordered index, not a scan of the replicas.
+/// Cost: with memory, each unit walks the holders of its leading blocks once (a per-replica
+/// marker, never a scan of a holder list per replica), since its answer lists them all; without
+/// it, the replicas a unit lands on look up what they hold, and with the prefix preference
+/// (N > 0) the unit's first replica comes from the holders of its deepest held block by load
+/// (`HeldBlocks`). The least-loaded replica comes from an ordered index, not a scan of the
+/// replicas.
 pub(super) struct Placer<'a> {
     pub(super) params: &'a PlanParams,
     /// With memory: the walk reads its models beside the window's own index.
@@ -38,11 +41,10 @@ pub(super) struct Placer<'a> {
     pub(super) full: Vec<usize>,
     /// Placing members beyond k x replicas: every replica stays a candidate.
     pub(super) overflowing: bool,
-    /// Every (block, replica) recorded in this window, when not walked (without the
-    /// preference).
-    pub(super) held: HashSet<(BlockHash, u32), BuildBlockHasher>,
-    /// The replicas this window placed each block on (kept when the preference walks them; with
-    /// memory, only the blocks another unit of the window shares).
+    /// Without memory: what this window placed where.
+    pub(super) held: HeldBlocks<'a>,
+    /// With memory: the replicas this window placed each block another unit of the window
+    /// shares on, walked beside the models.
     /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
     /// allocating one per block was most of the time of a 10,000-request window).
     pub(super) holders: HashMap<BlockHash, u32, BuildBlockHasher>,
@@ -72,7 +74,8 @@ impl<'a> Placer<'a> {
         prefer_from: Option<usize>,
         load: Vec<u64>,
         recall: Option<Recall<'a>>,
-        total_blocks: usize,
+        walked_blocks: usize,
+        held: HeldBlocks<'a>,
     ) -> Self {
         let mut by_order: Vec<u32> = (0..replicas.len() as u32).collect();
         // Stable: equal ids (never in practice) keep index order.
@@ -87,12 +90,6 @@ impl<'a> Placer<'a> {
         for (rank, &replica) in by_order.iter().enumerate() {
             order[replica as usize] = rank as u32;
         }
-        // The window's own index, walked by the preference.
-        let walked_blocks = if prefer_from.is_some() {
-            total_blocks
-        } else {
-            0
-        };
         Placer {
             params,
             k: params.max_per_replica.unwrap_or(usize::MAX),
@@ -105,14 +102,7 @@ impl<'a> Placer<'a> {
             by_order,
             full: Vec::new(),
             overflowing: false,
-            held: HashSet::with_capacity_and_hasher(
-                if prefer_from.is_none() {
-                    total_blocks
-                } else {
-                    0
-                },
-                BuildBlockHasher::default(),
-            ),
+            held,
             holders: HashMap::with_capacity_and_hasher(walked_blocks, BuildBlockHasher::default()),
             holder_nodes: Vec::with_capacity(walked_blocks),
             matches: vec![0; replicas.len()],
@@ -125,9 +115,11 @@ impl<'a> Placer<'a> {
         }
     }
 
-    pub(super) fn place(&mut self, unit: &Unit<'_>, plan: &mut Plan) {
-        if self.prefer_from.is_some() {
+    pub(super) fn place(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
+        if self.recall.is_some() {
             self.walk_holders(unit.blocks, unit.shared());
+        } else {
+            self.held.start_unit(unit.blocks);
         }
         if self.recall.is_some() {
             self.keep_held_list(&unit.members, &mut plan.held);
@@ -198,6 +190,18 @@ impl<'a> Placer<'a> {
     /// (every replica is under k when a unit starts).
     pub(super) fn first_replica(&mut self, unit: &Unit<'_>) -> (usize, Source) {
         let preferred = match &self.balance {
+            Balance::FairShare { max_share } if self.recall.is_none() => {
+                let max_share = *max_share;
+                let (load, order, by_order) = (&self.load, &self.order, &self.by_order);
+                self.prefer_from.and_then(|need| {
+                    self.held.longest_prefix_under_share(
+                        need,
+                        max_share,
+                        |replica| (load[replica], order[replica]),
+                        |rank| by_order[rank as usize] as usize,
+                    )
+                })
+            }
             Balance::FairShare { max_share } => self.prefer_from.and_then(|need| {
                 let by_match = |&a: &usize, &b: &usize| {
                     self.matches[a]
@@ -243,9 +247,9 @@ impl<'a> Placer<'a> {
         let indexed = self.under_k.remove(&self.key(replica));
         if self.members_here[replica] == 0 {
             self.touched.push(replica);
-            if self.prefer_from.is_none() {
+            if self.recall.is_none() {
                 // Not walked: look up only what this replica holds.
-                let held = self.held_prefix(unit.blocks, replica);
+                let held = self.held.held_prefix(replica);
                 if held > 0 {
                     self.matches[replica] = held;
                     self.matched.push(replica);

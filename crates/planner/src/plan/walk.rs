@@ -13,11 +13,12 @@ impl Placer<'_> {
     /// already are.
     pub(super) fn record(&mut self, blocks: &[BlockHash], replica: usize) {
         let r = replica as u32;
+        if self.recall.is_none() {
+            let key = self.key(replica);
+            self.held.record(self.matches[replica], r, key);
+            return;
+        }
         for &block in blocks.get(self.matches[replica]..).unwrap_or_default() {
-            if self.prefer_from.is_none() {
-                self.held.insert((block, r));
-                continue;
-            }
             // Walked, not looked up: a replica may appear twice on a list (a later prompt's
             // chain held without the earlier one), which the walk's marker ignores; the same
             // replica twice in a row is skipped here.
@@ -43,15 +44,6 @@ impl Placer<'_> {
             && blocks[..need].iter().all(|block| {
                 window_holders(&self.holders, &self.holder_nodes, block).any(|h| h == r)
             })
-    }
-
-    /// Leading blocks of `blocks` that this window placed on `replica` (not walked).
-    pub(super) fn held_prefix(&self, blocks: &[BlockHash], replica: usize) -> usize {
-        let r = replica as u32;
-        blocks
-            .iter()
-            .take_while(|&&block| self.held.contains(&(block, r)))
-            .count()
     }
 
     /// `matches[r]` = leading blocks of `blocks` held by r (in this window or, with memory, in
