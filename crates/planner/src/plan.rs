@@ -145,16 +145,11 @@ fn plan(
                 .iter()
                 .map(|unit| unit.shared() * replicas_per_unit(unit))
                 .sum();
-            (pairs, HeldBlocks::new(&[], 0, replicas_per_unit, false))
+            (pairs, HeldBlocks::new(&[], 0, false))
         }
         None => (
             0,
-            HeldBlocks::new(
-                &units,
-                replicas.len(),
-                replicas_per_unit,
-                prefer_from.is_some(),
-            ),
+            HeldBlocks::new(&units, replicas.len(), prefer_from.is_some()),
         ),
     };
     let carried = recall

@@ -57,43 +57,24 @@ enum Holders {
 }
 
 impl<'a> HeldBlocks<'a> {
-    /// For the window of `units` on `replicas`, each unit on at most `replicas_per_unit(unit)`
-    /// of them; `ranked` keeps holders by key (the prefix preference).
-    pub(super) fn new(
-        units: &[Unit<'_>],
-        replicas: usize,
-        replicas_per_unit: impl Fn(&Unit<'_>) -> usize,
-        ranked: bool,
-    ) -> Self {
+    /// For the window of `units` on `replicas`; `ranked` keeps holders by key (the prefix
+    /// preference).
+    pub(super) fn new(units: &[Unit<'_>], replicas: usize, ranked: bool) -> Self {
         let all_blocks = units.iter().map(|unit| unit.blocks.len()).sum();
-        // Per block: the last unit seen containing it, and whether an earlier one did too.
-        let mut seen: HashMap<BlockHash, (u32, bool), BuildBlockHasher> =
-            HashMap::with_capacity_and_hasher(all_blocks, BuildBlockHasher::default());
-        for (index, unit) in units.iter().enumerate() {
-            let index = index as u32;
-            for &block in unit.blocks {
-                seen.entry(block)
-                    .and_modify(|(last, shared)| {
-                        *shared |= *last != index;
-                        *last = index;
-                    })
-                    .or_insert((index, false));
-            }
-        }
-        let shared: HashSet<BlockHash, BuildBlockHasher> = seen
-            .into_iter()
-            .filter_map(|(block, (_, shared))| shared.then_some(block))
-            .collect();
-        // A replica records a block once: a table sized for every unit's copies would be mostly
-        // empty when units share a prefix, and its lookups would miss the cache for nothing.
-        let pairs = units
+        let mut seen: HashSet<BlockHash, BuildBlockHasher> =
+            HashSet::with_capacity_and_hasher(all_blocks, BuildBlockHasher::default());
+        // A block twice in one unit (a prompt sent twice in one request) counts as shared too:
+        // recording a block nobody asks for again costs a little, never an answer.
+        let shared: HashSet<BlockHash, BuildBlockHasher> = units
             .iter()
-            .map(|unit| {
-                let blocks = unit.blocks.iter().filter(|b| shared.contains(*b)).count();
-                blocks * replicas_per_unit(unit)
-            })
-            .sum::<usize>()
-            .min(shared.len() * replicas);
+            .flat_map(|unit| unit.blocks)
+            .filter(|&&block| !seen.insert(block))
+            .copied()
+            .collect();
+        // Sized for each shared block on one replica, and grown as they spread: a table sized
+        // for the most they could be on would be mostly empty, and its lookups would miss the
+        // cache for nothing.
+        let pairs = shared.len();
         HeldBlocks {
             by_key: ranked.then(|| {
                 HashMap::with_capacity_and_hasher(shared.len(), BuildBlockHasher::default())
@@ -113,10 +94,6 @@ impl<'a> HeldBlocks<'a> {
     pub(super) fn start_unit(&mut self, blocks: &'a [BlockHash]) {
         let shared = &self.shared;
         self.unit_blocks = blocks;
-        self.unit_reach = blocks
-            .iter()
-            .take_while(|block| shared.contains(*block))
-            .count();
         self.unit_shared.clear();
         self.unit_shared.extend(
             blocks
@@ -125,6 +102,13 @@ impl<'a> HeldBlocks<'a> {
                 .filter(|(_, block)| shared.contains(*block))
                 .map(|(depth, &block)| (depth, block)),
         );
+        // The shared blocks before the first one of its own are at their own depths.
+        self.unit_reach = self
+            .unit_shared
+            .iter()
+            .enumerate()
+            .take_while(|&(index, &(depth, _))| index == depth)
+            .count();
     }
 
     /// Records the current unit's blocks from depth `from` on as held by `replica`, whose key
