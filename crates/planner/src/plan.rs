@@ -27,7 +27,7 @@ mod walk;
 use std::collections::HashMap;
 
 pub use answer::{HeldPrefixes, Plan, Source};
-use block_keys::BuildBlockHasher;
+pub(crate) use block_keys::BuildBlockHasher;
 pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
 
 use answer::NO_LIST;
