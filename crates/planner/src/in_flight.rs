@@ -31,7 +31,9 @@ use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use crate::memory::Memory;
-use crate::plan::{BalanceBy, BuildBlockHasher, PlanParams, Replica, Source};
+use crate::plan::{
+    earliest_finish, BalanceBy, BuildBlockHasher, Candidate, PlanParams, Replica, Source,
+};
 use crate::prefixhash::BlockHash;
 
 /// The knobs of the in-flight estimate.
@@ -95,7 +97,7 @@ pub struct InFlight {
     placed: VecDeque<(u64, u64)>,
     /// The replicas holding each block of the flights, and per (block, replica) how many flights
     /// hold it and where the replica is on the block's list.
-    holders: HashMap<BlockHash, Vec<u32>, BuildBlockHasher>,
+    holders: HashMap<BlockHash, Holders, BuildBlockHasher>,
     holding: HashMap<(BlockHash, u32), (u32, u32), BuildBlockHasher>,
     groups: HashMap<Arc<[BlockHash]>, Group, BuildHasherDefault<DefaultHasher>>,
     /// With memory: its slot per replica, and the replica per slot (`NONE` for none), made at
@@ -105,6 +107,15 @@ pub struct InFlight {
     /// Scratch for the walk, per replica.
     matches: Vec<u32>,
     matched: Vec<u32>,
+    /// Scratch for `earliest_finish`.
+    price_from: Vec<f64>,
+}
+
+/// The replicas holding a block in flight, and how many flights hold it in all.
+#[derive(Clone, Debug, Default)]
+struct Holders {
+    replicas: Vec<u32>,
+    flights: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -160,6 +171,7 @@ impl InFlight {
             replica_of_slot: Vec::new(),
             matches: Vec::new(),
             matched: Vec::new(),
+            price_from: Vec::new(),
         }
     }
 
@@ -395,23 +407,29 @@ impl InFlight {
         let decay = self.decay(now_ms);
         let max_share = ((self.total * decay + own) / self.replicas.len() as f64).ceil();
         let allowed = arrival.allowed_replicas;
-        let preferred = (need > 0)
-            .then(|| {
-                self.matched
-                    .iter()
-                    .copied()
-                    .filter(|&r| {
-                        self.matches[r as usize] as usize >= need
-                            && self.replicas[r as usize].load * decay < max_share
-                            && allowed.is_none_or(|allowed| allowed.contains(&(r as usize)))
-                    })
-                    .max_by(|&a, &b| {
-                        self.matches[a as usize]
-                            .cmp(&self.matches[b as usize])
-                            .then_with(|| self.load_key(b).cmp(&self.load_key(a)))
-                    })
-            })
-            .flatten();
+        let may_use = |r: u32| allowed.is_none_or(|allowed| allowed.contains(&(r as usize)));
+        let priced = with_memory && params.balance_by == BalanceBy::Tokens;
+        let preferred = if priced {
+            self.earliest_finish(arrival.blocks, need, decay, allowed, &may_use)
+        } else {
+            (need > 0)
+                .then(|| {
+                    self.matched
+                        .iter()
+                        .copied()
+                        .filter(|&r| {
+                            self.matches[r as usize] as usize >= need
+                                && self.replicas[r as usize].load * decay < max_share
+                                && allowed.is_none_or(|allowed| allowed.contains(&(r as usize)))
+                        })
+                        .max_by(|&a, &b| {
+                            self.matches[a as usize]
+                                .cmp(&self.matches[b as usize])
+                                .then_with(|| self.load_key(b).cmp(&self.load_key(a)))
+                        })
+                })
+                .flatten()
+        };
         let (first, source) = match preferred {
             Some(replica) => (replica, Source::Window),
             None => (self.least_loaded(allowed, |_| false)?, Source::LeastLoaded),
@@ -466,6 +484,50 @@ impl InFlight {
         Some((first, source, Some(seat)))
     }
 
+    /// With memory in tokens mode, as the window prices a unit (`plan::earliest_finish`): the
+    /// replica holding a prefix where the request finishes first, its copies priced, the users
+    /// of each block being the flights holding it and the request itself.
+    fn earliest_finish(
+        &mut self,
+        blocks: &[BlockHash],
+        need: usize,
+        decay: f64,
+        allowed: Option<&[usize]>,
+        may_use: &impl Fn(u32) -> bool,
+    ) -> Option<u32> {
+        let coldest = self.least_loaded(allowed, |_| false)?;
+        let mut price_from = std::mem::take(&mut self.price_from);
+        let candidate = |r: u32| {
+            let held = self.matches[r as usize] as usize;
+            Candidate {
+                replica: r as usize,
+                held: if held >= need { held } else { 0 },
+                load: self.replicas[r as usize].load * decay,
+                key: self.load_key(r),
+            }
+        };
+        let holders = &self.holders;
+        let shared_by = |depth: usize| {
+            1 + holders
+                .get(&blocks[depth])
+                .map_or(0, |holders| holders.flights)
+        };
+        let best = earliest_finish(
+            blocks.len(),
+            self.matched
+                .iter()
+                .copied()
+                .filter(|&r| may_use(r))
+                .map(candidate),
+            candidate(coldest),
+            shared_by,
+            (self.total * decay, self.replicas.len()),
+            &mut price_from,
+        );
+        self.price_from = price_from;
+        best.map(|r| r as u32)
+    }
+
     /// The load one request adds on `replica`: itself, or the blocks it prefills there.
     fn weight(&self, blocks: &[BlockHash], replica: u32, params: &PlanParams) -> f64 {
         match params.balance_by {
@@ -517,7 +579,7 @@ impl InFlight {
                 }
             };
             if let Some(holders) = self.holders.get(block) {
-                for &replica in holders {
+                for &replica in &holders.replicas {
                     advance(replica, &mut self.matches, &mut self.matched);
                 }
             }
@@ -573,12 +635,13 @@ impl InFlight {
         self.set_load(replica, self.replicas[replica as usize].load + scaled);
         for &block in flight.blocks.iter() {
             let holders = self.holders.entry(block).or_default();
+            holders.flights += 1;
             self.holding
                 .entry((block, replica))
                 .and_modify(|(count, _)| *count += 1)
                 .or_insert_with(|| {
-                    holders.push(replica);
-                    (1, holders.len() as u32 - 1)
+                    holders.replicas.push(replica);
+                    (1, holders.replicas.len() as u32 - 1)
                 });
         }
         let group = self.groups.entry(flight.blocks.clone()).or_default();
@@ -609,17 +672,18 @@ impl InFlight {
                 continue;
             };
             *count -= 1;
-            if *count > 0 {
+            let (count, at) = (*count, *at as usize);
+            let holders = self.holders.get_mut(&block).expect("listed");
+            holders.flights -= 1;
+            if count > 0 {
                 continue;
             }
-            let at = *at as usize;
             self.holding.remove(&(block, replica));
-            let holders = self.holders.get_mut(&block).expect("listed");
-            holders.swap_remove(at);
-            if let Some(&moved) = holders.get(at) {
+            holders.replicas.swap_remove(at);
+            if let Some(&moved) = holders.replicas.get(at) {
                 self.holding.get_mut(&(block, moved)).expect("listed").1 = at as u32;
             }
-            if holders.is_empty() {
+            if holders.replicas.is_empty() {
                 self.holders.remove(&block);
             }
         }

@@ -27,6 +27,7 @@ mod walk;
 use std::collections::HashMap;
 
 pub use answer::{HeldPrefixes, Plan, Source};
+pub(crate) use balance::{earliest_finish, Candidate};
 pub(crate) use block_keys::BuildBlockHasher;
 pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
 
