@@ -11,8 +11,8 @@ use burst_prefix_planner::testing::{
     batch, memory, replica_ids, replicas, rl_step, synthetic_blocks,
 };
 use burst_prefix_planner::{
-    assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
-    Memory, PlanParams, Prompt,
+    assign, assign_with_memory, hash_prompts, Arrival, BalanceBy, BatchRequest, BlockHash,
+    BlockSpec, InFlight, InFlightSettings, Memory, PlanParams, Prompt,
 };
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
@@ -308,8 +308,50 @@ fn memory_at_scale(c: &mut Criterion) {
     group.finish();
 }
 
+/// Zero-wait placement of an RL step (`InFlight`): as many prompts as replicas, 8 samples each
+/// with their group size, sharing a 16-block system prompt, N = 1, k = 1, requests mode; each
+/// request placed as it arrives and finished after the next 8 x replicas / 4 arrivals (a quarter
+/// of the step in flight). Per request, it visits the replicas holding the system prompt in
+/// flight: a slope above 1 here is the cost that grows with the fleet.
+fn zero_wait(c: &mut Criterion) {
+    let mut group = c.benchmark_group("zero_wait_rl_step");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    let params = PlanParams {
+        max_per_replica: Some(1),
+        min_colocate_blocks: 1,
+        ..PlanParams::default()
+    };
+    for fleet in [16, 256, 1_024, 4_096] {
+        let prompts = rl_step(fleet, 8, 16, 8);
+        let ids = replica_ids(fleet);
+        let list = replicas(&ids);
+        group.throughput(Throughput::Elements(prompts.len() as u64));
+        group.bench_function(BenchmarkId::new("place_and_finish", fleet), |b| {
+            b.iter(|| {
+                let mut in_flight = InFlight::new(InFlightSettings::default());
+                in_flight.set_replicas(&list);
+                let mut live = std::collections::VecDeque::new();
+                for (i, blocks) in prompts.iter().enumerate() {
+                    let arrival = Arrival {
+                        blocks,
+                        allowed_replicas: None,
+                        group_size: Some(8),
+                    };
+                    live.push_back(in_flight.place(&arrival, &params, None, i as u64).id);
+                    if live.len() > prompts.len() / 4 {
+                        in_flight.finish(live.pop_front().unwrap(), i as u64);
+                    }
+                }
+                black_box(in_flight.len())
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    zero_wait,
     hashing,
     planning,
     planning_with_memory,
