@@ -480,7 +480,8 @@ impl InFlight {
         let group = self.groups.get_mut(arrival.blocks).expect("its group");
         group.filling = Some(first);
         let seat = seats.pop_front().expect("members >= 2");
-        group.seats = seats;
+        // After any seats left for other members' endpoint lists.
+        group.seats.extend(seats);
         Some((first, source, Some(seat)))
     }
 
