@@ -13,7 +13,8 @@ use burst_prefix_planner::{BlockSpec, MemorySettings, PlanParams};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub const WINDOW_DURATION_MS_MIN: i64 = 1;
+/// 0 is zero-wait mode: no window, each request placed as it arrives.
+pub const WINDOW_DURATION_MS_MIN: i64 = 0;
 pub const WINDOW_DURATION_MS_MAX: i64 = 10_000;
 /// -1 means unlimited for `maxPerReplica` and `maxBatchSize`.
 pub const UNLIMITED: i64 = -1;
@@ -35,7 +36,9 @@ pub enum BalanceBy {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlannerConfig {
-    /// Length of the collection window in milliseconds, fixed from its first request (1..=10000).
+    /// Length of the collection window in milliseconds, fixed from its first request
+    /// (1..=10000); 0 is zero-wait: no window, each request is placed the moment it arrives,
+    /// from the placements still in flight.
     #[serde(default = "default_window_duration_ms")]
     #[schemars(range(min = WINDOW_DURATION_MS_MIN, max = WINDOW_DURATION_MS_MAX))]
     pub window_duration_ms: i64,
@@ -178,8 +181,8 @@ impl Rule {
 pub const RULES: &[Rule] = &[
     Rule {
         field: "windowDurationMs",
-        requirement: "must be between 1 and 10000",
-        cel: "self.windowDurationMs >= 1 && self.windowDurationMs <= 10000",
+        requirement: "must be 0 (zero-wait) or between 1 and 10000",
+        cel: "self.windowDurationMs >= 0 && self.windowDurationMs <= 10000",
         value: |c| c.window_duration_ms,
         holds: |c| (WINDOW_DURATION_MS_MIN..=WINDOW_DURATION_MS_MAX).contains(&c.window_duration_ms),
     },
@@ -407,7 +410,7 @@ mod tests {
 
     #[test]
     fn every_rule_rejects_its_field() {
-        assert_eq!(invalid(|c| c.window_duration_ms = 0), ["windowDurationMs"]);
+        assert_eq!(invalid(|c| c.window_duration_ms = -1), ["windowDurationMs"]);
         assert_eq!(
             invalid(|c| c.window_duration_ms = 10_001),
             ["windowDurationMs"]
@@ -432,7 +435,7 @@ mod tests {
         assert_eq!(invalid(|c| c.idle_seal_ms = 101), ["idleSealMs"]);
         assert_eq!(
             invalid(|c| {
-                c.window_duration_ms = 0;
+                c.window_duration_ms = -1;
                 c.max_batch_size = -5;
             }),
             ["windowDurationMs", "maxBatchSize"]
@@ -461,6 +464,22 @@ mod tests {
         assert_eq!(config.max_batch_size(), None);
         assert_eq!(config.plan_params().max_per_replica, Some(1));
         assert_eq!(config.block_spec().max_blocks, 1);
+    }
+
+    #[test]
+    fn a_zero_window_is_zero_wait_and_valid_without_an_idle_seal() {
+        let zero_wait = PlannerConfig {
+            window_duration_ms: 0,
+            ..PlannerConfig::default()
+        };
+        zero_wait.validate().unwrap();
+        assert_eq!(
+            invalid(|c| {
+                c.window_duration_ms = 0;
+                c.idle_seal_ms = 1;
+            }),
+            ["idleSealMs"]
+        );
     }
 
     #[test]

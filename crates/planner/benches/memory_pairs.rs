@@ -17,10 +17,9 @@ mod windows;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use burst_prefix_planner::testing::{batch, replicas};
 use burst_prefix_planner::{assign, BalanceBy, BatchRequest};
-use windows::{
-    memory_stream, memory_stream_params, plan_then_settle, replica_list, steady_memory, whole_batch,
-};
+use windows::{memory_stream, memory_stream_params, plan_then_settle, steady_memory};
 
 /// Milliseconds, per window: without memory, and with memory to the plan and with the merge.
 type Times = (f64, (f64, f64));
@@ -30,8 +29,8 @@ const WINDOWS: usize = 160;
 
 fn main() {
     let (ids, windows) = memory_stream();
-    let replicas = replica_list(&ids);
-    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
+    let replicas = replicas(&ids);
+    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| batch(w)).collect();
     println!("{WINDOWS} windows each; medians in ms; ratio = median of the windows' with/without");
     for (mode, balance_by) in [
         ("requests", BalanceBy::Requests),

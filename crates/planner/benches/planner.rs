@@ -7,9 +7,12 @@ mod reference;
 #[path = "windows/mod.rs"]
 mod windows;
 
+use burst_prefix_planner::testing::{
+    batch, memory, replica_ids, replicas, rl_step, synthetic_blocks,
+};
 use burst_prefix_planner::{
-    assign, assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec,
-    Memory, MemorySettings, PlanParams, Prompt, Replica,
+    assign, assign_with_memory, hash_prompts, Arrival, BalanceBy, BatchRequest, BlockHash,
+    BlockSpec, InFlight, InFlightSettings, Memory, PlanParams, Prompt,
 };
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
@@ -18,8 +21,8 @@ use reference::reference_assign;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use windows::{
-    memory_stream, memory_stream_params, plan_then_settle, replica_list, steady_memory, tokens,
-    whole_batch, window_seeded, GROUP_SIZE, PROMPT_TOKENS,
+    memory_stream, memory_stream_params, plan_then_settle, steady_memory, tokens, window_seeded,
+    GROUP_SIZE, PROMPT_TOKENS,
 };
 use xxhash_rust::xxh64::xxh64;
 
@@ -58,24 +61,12 @@ fn window(requests: usize) -> Vec<Vec<BlockHash>> {
 }
 
 fn planning(c: &mut Criterion) {
-    let ids: Vec<String> = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
-    let replicas: Vec<Replica<'_>> = ids
-        .iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect();
+    let ids = replica_ids(16);
+    let replicas = replicas(&ids);
     let mut group = c.benchmark_group("plan_window");
     for requests in [100, 1_000, 10_000] {
         let prompts = window(requests);
-        let batch: Vec<BatchRequest<'_>> = prompts
-            .iter()
-            .map(|blocks| BatchRequest {
-                blocks,
-                allowed_replicas: None,
-            })
-            .collect();
+        let batch = batch(&prompts);
         group.throughput(Throughput::Elements(requests as u64));
         for n in [0, 4] {
             for (mode, balance_by) in [
@@ -98,44 +89,13 @@ fn planning(c: &mut Criterion) {
     group.finish();
 }
 
-/// Block hashes without hashing (the scaling benches time `assign` alone): distinct values from
-/// a splitmix64 stream, so that blocks never collide across prompts.
-fn synthetic_blocks(id: u64, count: usize) -> impl Iterator<Item = BlockHash> {
-    (0..count as u64).map(move |i| {
-        let mut z = (id << 20 | i).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z ^ (z >> 31)
-    })
-}
-
-/// An RL step: `prompts` prompts x `samples` samples sharing a 16-block system prompt, each
-/// prompt with 8 blocks of its own; the samples of one prompt arrive interleaved with the others.
-fn rl_step(prompts: usize, samples: usize) -> Vec<Vec<BlockHash>> {
-    let system: Vec<BlockHash> = synthetic_blocks(0, 16).collect();
-    let distinct: Vec<Vec<BlockHash>> = (0..prompts)
-        .map(|p| {
-            let mut blocks = system.clone();
-            blocks.extend(synthetic_blocks(1 + p as u64, 8));
-            blocks
-        })
-        .collect();
-    (0..prompts * samples)
-        .map(|i| distinct[i % prompts].clone())
-        .collect()
-}
-
-fn replica_ids(count: usize) -> Vec<String> {
-    (0..count)
-        .map(|i| format!("ns/pod-{i:05}-rank-0"))
-        .collect()
-}
-
-/// Issue 17's RL step: 1,024 prompts x 8 samples, 1,024 replicas, k = 1 (requests mode, N = 0).
+/// Issue 17's RL step: 1,024 prompts x 8 samples, 1,024 replicas, k = 1 (requests mode, N = 0);
+/// `assign_n1` with N = 1, where every unit may follow the system prompt to any replica holding it.
 fn rl_step_bench(c: &mut Criterion) {
-    let prompts = rl_step(1_024, 8);
-    let batch = whole_batch(&prompts);
+    let prompts = rl_step(1_024, 8, 16, 8);
+    let batch = batch(&prompts);
     let ids = replica_ids(1_024);
-    let replicas = replica_list(&ids);
+    let replicas = replicas(&ids);
     let params = PlanParams {
         max_per_replica: Some(1),
         ..PlanParams::default()
@@ -145,6 +105,13 @@ fn rl_step_bench(c: &mut Criterion) {
     group.bench_function("assign", |b| {
         b.iter(|| assign(black_box(&batch), &replicas, &params))
     });
+    let n1 = PlanParams {
+        min_colocate_blocks: 1,
+        ..params
+    };
+    group.bench_function("assign_n1", |b| {
+        b.iter(|| assign(black_box(&batch), &replicas, &n1))
+    });
     group.bench_function("reference_baseline", |b| {
         b.iter(|| reference_assign(black_box(&batch), &replicas, &params))
     });
@@ -153,14 +120,16 @@ fn rl_step_bench(c: &mut Criterion) {
 
 /// Replicas from 16 to 50,000 with the work growing alike: as many prompts as replicas, 8
 /// samples each, sharing a 16-block system prompt. Near-linear planning shows as a slope ~1.
+/// With N = 0 (`assign_k..`) a unit looks up only the replicas it lands on; with N = 1
+/// (`assign_n1_k..`) it may follow the system prompt, which every replica soon holds.
 fn scaling(c: &mut Criterion) {
     let mut group = c.benchmark_group("scaling_groups_eq_replicas");
     group.sampling_mode(SamplingMode::Flat).sample_size(10);
-    for replicas in [16, 64, 256, 1_024, 4_096, 10_000, 50_000] {
-        let prompts = rl_step(replicas, 8);
-        let batch = whole_batch(&prompts);
-        let ids = replica_ids(replicas);
-        let list = replica_list(&ids);
+    for fleet in [16, 64, 256, 1_024, 4_096, 10_000, 50_000] {
+        let prompts = rl_step(fleet, 8, 16, 8);
+        let batch = batch(&prompts);
+        let ids = replica_ids(fleet);
+        let list = replicas(&ids);
         group.throughput(Throughput::Elements(batch.len() as u64));
         for (name, k) in [("k1", Some(1)), ("k-1", None)] {
             let params = PlanParams {
@@ -168,14 +137,23 @@ fn scaling(c: &mut Criterion) {
                 ..PlanParams::default()
             };
             group.bench_with_input(
-                BenchmarkId::new(format!("assign_{name}"), replicas),
+                BenchmarkId::new(format!("assign_{name}"), fleet),
                 &batch,
                 |b, batch| b.iter(|| assign(black_box(batch), &list, &params)),
             );
+            let n1 = PlanParams {
+                min_colocate_blocks: 1,
+                ..params
+            };
+            group.bench_with_input(
+                BenchmarkId::new(format!("assign_n1_{name}"), fleet),
+                &batch,
+                |b, batch| b.iter(|| assign(black_box(batch), &list, &n1)),
+            );
             // The naive reading is quadratic in replicas: only where it ends in seconds.
-            if replicas <= 1_024 {
+            if fleet <= 1_024 {
                 group.bench_with_input(
-                    BenchmarkId::new(format!("reference_{name}"), replicas),
+                    BenchmarkId::new(format!("reference_{name}"), fleet),
                     &batch,
                     |b, batch| b.iter(|| reference_assign(black_box(batch), &list, &params)),
                 );
@@ -201,8 +179,8 @@ fn scaling(c: &mut Criterion) {
 /// caches with other work.
 fn planning_with_memory(c: &mut Criterion) {
     let (ids, windows) = memory_stream();
-    let replicas = replica_list(&ids);
-    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
+    let replicas = replicas(&ids);
+    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| batch(w)).collect();
     let mut group = c.benchmark_group("plan_window_memory_10000");
     group.throughput(Throughput::Elements(10_000));
     for (mode, balance_by) in [
@@ -285,28 +263,19 @@ fn pairs(first_id: u64, count: usize) -> Vec<Vec<BlockHash>> {
 /// (`Memory::settle`) is timed on its own, after the window's plan.
 fn memory_at_scale(c: &mut Criterion) {
     let ids = replica_ids(1_024);
-    let replicas = replica_list(&ids);
+    let replicas = replicas(&ids);
     let params = PlanParams::default();
-    let mut memory = Memory::new(MemorySettings {
-        capacity_blocks: std::num::NonZeroUsize::new(4_096).unwrap(),
-        load_half_life_ms: 0,
-    });
+    let mut memory = memory(4_096, 0);
     let mut now_ms = 0;
     // 66 windows of a pair per replica: every replica's model full, and then some.
     for window in 0..66 {
         let prompts = pairs(window * 1_024, 1_024);
         now_ms += 100;
-        assign_with_memory(
-            &whole_batch(&prompts),
-            &replicas,
-            &params,
-            &mut memory,
-            now_ms,
-        );
+        assign_with_memory(&batch(&prompts), &replicas, &params, &mut memory, now_ms);
     }
     let windows: Vec<Vec<Vec<BlockHash>>> =
         (0..16).map(|w| pairs(1_000_000 + w * 100, 100)).collect();
-    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| whole_batch(w)).collect();
+    let batches: Vec<Vec<BatchRequest<'_>>> = windows.iter().map(|w| batch(w)).collect();
     let mut group = c.benchmark_group("memory_1024_replicas_200_requests");
     group.throughput(Throughput::Elements(200));
     let mut next = 0;
@@ -339,8 +308,50 @@ fn memory_at_scale(c: &mut Criterion) {
     group.finish();
 }
 
+/// Zero-wait placement of an RL step (`InFlight`): as many prompts as replicas, 8 samples each
+/// with their group size, sharing a 16-block system prompt, N = 1, k = 1, requests mode; each
+/// request placed as it arrives and finished after the next 8 x replicas / 4 arrivals (a quarter
+/// of the step in flight). Per request, it visits the replicas holding the system prompt in
+/// flight: a slope above 1 here is the cost that grows with the fleet.
+fn zero_wait(c: &mut Criterion) {
+    let mut group = c.benchmark_group("zero_wait_rl_step");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    let params = PlanParams {
+        max_per_replica: Some(1),
+        min_colocate_blocks: 1,
+        ..PlanParams::default()
+    };
+    for fleet in [16, 256, 1_024, 4_096] {
+        let prompts = rl_step(fleet, 8, 16, 8);
+        let ids = replica_ids(fleet);
+        let list = replicas(&ids);
+        group.throughput(Throughput::Elements(prompts.len() as u64));
+        group.bench_function(BenchmarkId::new("place_and_finish", fleet), |b| {
+            b.iter(|| {
+                let mut in_flight = InFlight::new(InFlightSettings::default());
+                in_flight.set_replicas(&list);
+                let mut live = std::collections::VecDeque::new();
+                for (i, blocks) in prompts.iter().enumerate() {
+                    let arrival = Arrival {
+                        blocks,
+                        allowed_replicas: None,
+                        group_size: Some(8),
+                    };
+                    live.push_back(in_flight.place(&arrival, &params, None, i as u64).id);
+                    if live.len() > prompts.len() / 4 {
+                        in_flight.finish(live.pop_front().unwrap(), i as u64);
+                    }
+                }
+                black_box(in_flight.len())
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    zero_wait,
     hashing,
     planning,
     planning_with_memory,

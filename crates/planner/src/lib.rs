@@ -3,11 +3,17 @@
 //! - [`prefixhash`] turns prompts into chained block hashes, bit-identical to llm-d's `prefixhash`.
 //! - [`plan`] places one window of requests on replicas so that shared prefixes are prefilled once.
 //! - [`memory`] remembers what each replica probably still caches across windows.
+//! - [`in_flight`] places requests one at a time as they arrive (zero-wait mode), from the
+//!   placements still in flight.
 
+pub mod in_flight;
 pub mod memory;
 pub mod plan;
 pub mod prefixhash;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
+pub use in_flight::{Arrival, InFlight, InFlightSettings, Placement, PlacementId};
 pub use memory::{Memory, MemorySettings};
 pub use plan::{
     assign, assign_with_memory, BalanceBy, BatchRequest, HeldPrefixes, Plan, PlanParams, Replica,

@@ -1,61 +1,28 @@
 //! Placement with memory across windows (SPEC §7).
 
-use std::num::NonZeroUsize;
-
+use burst_prefix_planner::testing::{batch, blocks, memory, replica_ids, replicas};
 use burst_prefix_planner::{
-    assign, assign_with_memory, BalanceBy, BatchRequest, BlockHash, Memory, MemorySettings,
-    PlanParams, Replica, Source,
+    assign, assign_with_memory, BalanceBy, BatchRequest, BlockHash, PlanParams, Source,
 };
 
-const IDS: [&str; 4] = ["p1", "p2", "p3", "p4"];
-
-fn replicas() -> Vec<Replica<'static>> {
-    IDS.iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect()
-}
-
-fn memory(capacity: usize, half_life_ms: u64) -> Memory {
-    Memory::new(MemorySettings {
-        capacity_blocks: NonZeroUsize::new(capacity).unwrap(),
-        load_half_life_ms: half_life_ms,
-    })
-}
-
-fn batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
-    prompts
-        .iter()
-        .map(|blocks| BatchRequest {
-            blocks,
-            allowed_replicas: None,
-        })
-        .collect()
-}
-
 /// A conversation's prompt after `turns` turns: a system prompt, then 2 blocks per turn.
-fn turn(session: u64, turns: u64) -> Vec<BlockHash> {
-    let mut blocks: Vec<BlockHash> = (0..4).collect();
-    for t in 0..turns * 2 {
-        blocks.push(1_000 * (session + 1) + t);
-    }
-    blocks
+fn turn(session: u64, turns: usize) -> Vec<BlockHash> {
+    blocks(0, 4, session, turns * 2)
 }
 
 #[test]
 fn a_second_turn_lands_where_the_first_was_placed() {
+    let ids = replica_ids(4);
     let params = PlanParams::default();
     let mut memory = memory(1_000, 1_000);
     // Window 1: four sessions' first turns, each a pair (so that §4 places them).
     let first: Vec<Vec<BlockHash>> = (0..4).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
-    let plan = assign_with_memory(&batch(&first), &replicas(), &params, &mut memory, 0);
+    let plan = assign_with_memory(&batch(&first), &replicas(&ids), &params, &mut memory, 0);
     let served: Vec<usize> = (0..4).map(|s| plan.assignments[2 * s].unwrap()).collect();
     assert_eq!(plan.sources[0], Some(Source::LeastLoaded));
     // Window 2: each session's second turn alone, in another order.
     let second: Vec<Vec<BlockHash>> = [2, 0, 3, 1].iter().map(|&s| turn(s, 2)).collect();
-    let plan = assign_with_memory(&batch(&second), &replicas(), &params, &mut memory, 50);
+    let plan = assign_with_memory(&batch(&second), &replicas(&ids), &params, &mut memory, 50);
     // Singles sharing the system prompt: units (N counts as 1 with memory), placed by memory.
     assert_eq!(plan.single_units + plan.warm_singles, 4);
     for (i, &s) in [2, 0, 3, 1].iter().enumerate() {
@@ -66,36 +33,38 @@ fn a_second_turn_lands_where_the_first_was_placed() {
         assert_eq!(plan.held.blocks(i, served[(s + 1) % 4]), 4);
     }
     // Without memory, a lone second turn has no affinity.
-    let plan = assign(&batch(&second), &replicas(), &params);
+    let plan = assign(&batch(&second), &replicas(&ids), &params);
     assert!(plan.assignments.iter().all(Option::is_none));
     assert_eq!(plan.held.of(0), &[]);
 }
 
 #[test]
 fn carried_load_spreads_new_work_and_decays() {
+    let ids = replica_ids(4);
     let params = PlanParams::default();
     let mut memory = memory(1_000, 100);
     let busy: Vec<Vec<BlockHash>> = vec![vec![1, 2]; 6];
-    let plan = assign_with_memory(&batch(&busy), &replicas(), &params, &mut memory, 0);
+    let plan = assign_with_memory(&batch(&busy), &replicas(&ids), &params, &mut memory, 0);
     assert_eq!(plan.assignments[0], Some(0), "p1 on an empty fleet");
     // Right after, a cold group avoids p1, which carries 6 requests.
     let cold: Vec<Vec<BlockHash>> = vec![vec![7, 8]; 2];
-    let plan = assign_with_memory(&batch(&cold), &replicas(), &params, &mut memory, 0);
+    let plan = assign_with_memory(&batch(&cold), &replicas(&ids), &params, &mut memory, 0);
     assert_eq!(plan.assignments[0], Some(1));
     assert_eq!(plan.loads, vec![6, 2, 0, 0]);
     // Twenty half-lives later the carried load is gone: the tie-break is the id again.
     let other: Vec<Vec<BlockHash>> = vec![vec![9, 10]; 2];
-    let plan = assign_with_memory(&batch(&other), &replicas(), &params, &mut memory, 2_000);
+    let plan = assign_with_memory(&batch(&other), &replicas(&ids), &params, &mut memory, 2_000);
     assert_eq!(plan.assignments[0], Some(0));
 }
 
 #[test]
 fn affinity_yields_to_the_fair_share() {
+    let ids = replica_ids(4);
     // Eight sessions all served by p1 earlier (k = -1 groups, one replica): the next turns do
     // not all pile onto p1.
     let params = PlanParams::default();
     let mut memory = memory(10_000, 60_000);
-    let replicas = replicas();
+    let replicas = replicas(&ids);
     let only_p1 = &replicas[..1];
     let first: Vec<Vec<BlockHash>> = (0..8).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
     assign_with_memory(&batch(&first), only_p1, &params, &mut memory, 0);
@@ -108,6 +77,7 @@ fn affinity_yields_to_the_fair_share() {
 
 #[test]
 fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
+    let ids = replica_ids(4);
     let params = PlanParams::default();
     let capacity = 64;
     let mut memory = memory(capacity, 1_000);
@@ -121,7 +91,7 @@ fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
             .collect();
         assign_with_memory(
             &batch(&prompts),
-            &replicas(),
+            &replicas(&ids),
             &params,
             &mut memory,
             window * 10,
@@ -135,15 +105,16 @@ fn memory_stays_at_capacity_under_a_stream_of_distinct_prompts() {
         // (each window here is more than a sixteenth of the index, so merges fully).
         assert!(memory.index_entries() <= memory.held_blocks() + 80);
     }
-    assert_eq!(memory.held_blocks(), capacity * IDS.len());
+    assert_eq!(memory.held_blocks(), capacity * ids.len());
 }
 
 #[test]
 fn a_replica_that_leaves_loses_its_model() {
+    let ids = replica_ids(4);
     let params = PlanParams::default();
     let mut memory = memory(100, 1_000);
     let pair: Vec<Vec<BlockHash>> = vec![vec![1, 2, 3]; 2];
-    let plan = assign_with_memory(&batch(&pair), &replicas(), &params, &mut memory, 0);
+    let plan = assign_with_memory(&batch(&pair), &replicas(&ids), &params, &mut memory, 0);
     assert_eq!(plan.assignments[0], Some(0));
     memory.retain_replicas(|id| id != "p1");
     assert_eq!(memory.index_entries(), 0);
@@ -151,7 +122,7 @@ fn a_replica_that_leaves_loses_its_model() {
     assert!(!known.contains(&"p1"));
     // p1 comes back cold: the lone request finds no model holding its prefix.
     let lone: Vec<Vec<BlockHash>> = vec![vec![1, 2, 3, 4]];
-    let plan = assign_with_memory(&batch(&lone), &replicas(), &params, &mut memory, 10);
+    let plan = assign_with_memory(&batch(&lone), &replicas(&ids), &params, &mut memory, 10);
     assert_eq!(plan.assignments, vec![None]);
 }
 
@@ -165,6 +136,7 @@ fn tokens() -> PlanParams {
 
 #[test]
 fn a_fan_out_copies_its_shared_prefix_once_the_holder_runs_ahead() {
+    let ids = replica_ids(4);
     // 64 requests on one 60-block system prompt, 4 blocks of their own each. §4 with N = 60
     // puts all of them on p1 (its share, 64 x 64 / 4 blocks, never binds). With memory the
     // prompt is copied to a second replica once p1 would finish later than a replica that has
@@ -176,11 +148,11 @@ fn a_fan_out_copies_its_shared_prefix_once_the_holder_runs_ahead() {
         min_colocate_blocks: 60,
         ..tokens()
     };
-    let without = assign(&batch(&prompts), &replicas(), &params);
+    let without = assign(&batch(&prompts), &replicas(&ids), &params);
     assert!(without.assignments.iter().all(|a| *a == Some(0)));
     assert_eq!(without.loads, vec![60 + 64 * 4, 0, 0, 0]);
     let mut memory = memory(10_000, 0);
-    let with = assign_with_memory(&batch(&prompts), &replicas(), &params, &mut memory, 0);
+    let with = assign_with_memory(&batch(&prompts), &replicas(&ids), &params, &mut memory, 0);
     assert!(with.assignments.iter().all(Option::is_some));
     // Every replica copied the prompt once: the busiest finishes far before p1 alone would.
     assert!(with.loads.iter().all(|&load| load > 60), "{:?}", with.loads);
@@ -193,6 +165,7 @@ fn a_fan_out_copies_its_shared_prefix_once_the_holder_runs_ahead() {
 
 #[test]
 fn a_few_new_conversations_on_one_system_prompt_spread_over_the_replicas() {
+    let ids = replica_ids(4);
     // Eight first turns on one 8-block system prompt, 2 blocks of their own each, 4 replicas:
     // by the price alone (8 x (0.7 + 12 / 8) = 17.6 to copy the prompt) p1 would take all eight
     // (it finishes the eighth at 24 blocks, before a cold replica's 27.6), and their next turns
@@ -209,7 +182,7 @@ fn a_few_new_conversations_on_one_system_prompt_spread_over_the_replicas() {
         })
         .collect();
     let mut memory = memory(10_000, 0);
-    let plan = assign_with_memory(&batch(&prompts), &replicas(), &tokens(), &mut memory, 0);
+    let plan = assign_with_memory(&batch(&prompts), &replicas(&ids), &tokens(), &mut memory, 0);
     for replica in 0..4 {
         let sessions = plan
             .assignments
@@ -223,6 +196,7 @@ fn a_few_new_conversations_on_one_system_prompt_spread_over_the_replicas() {
 
 #[test]
 fn a_conversation_moves_only_to_a_replica_lighter_by_much_more_than_its_history() {
+    let ids = replica_ids(4);
     // Sixteen conversations on p1 (the only replica then), 4 system blocks + 2 of their own
     // each: p1 carries their 36 blocks of prefill into the next window (no decay at the same
     // instant). Eight of them take a turn of 2 blocks: on p1 it finishes at p1's load + 2.
@@ -230,7 +204,7 @@ fn a_conversation_moves_only_to_a_replica_lighter_by_much_more_than_its_history(
     // system blocks (0.7 + 12 / 8 units each) and the 2 of its own (0.7 + 12 / 1 each),
     // 8 + 8.8 + 25.4 = 42.2. So p1 keeps turns while it finishes by 42.2: 38, 40, 42.
     let mut memory = memory(10_000, 3_600_000);
-    let replicas = replicas();
+    let replicas = replicas(&ids);
     let first: Vec<Vec<BlockHash>> = (0..16).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
     let plan = assign_with_memory(&batch(&first), &replicas[..1], &tokens(), &mut memory, 0);
     assert_eq!(plan.loads, vec![4 + 16 * 2]);
@@ -247,18 +221,19 @@ fn a_conversation_moves_only_to_a_replica_lighter_by_much_more_than_its_history(
 
 #[test]
 fn an_endpoint_list_without_the_remembered_replica_gets_nothing() {
+    let ids = replica_ids(4);
     let params = PlanParams::default();
     // No carried load, so that p1 stays under the fair share.
     let mut memory = memory(100, 0);
     let pair: Vec<Vec<BlockHash>> = vec![vec![1, 2, 3]; 2];
-    assign_with_memory(&batch(&pair), &replicas(), &params, &mut memory, 0);
+    assign_with_memory(&batch(&pair), &replicas(&ids), &params, &mut memory, 0);
     let next = [vec![1, 2, 3, 4]];
     let only_p2 = [1usize];
     let requests = vec![BatchRequest {
         blocks: &next[0],
         allowed_replicas: Some(&only_p2),
     }];
-    let plan = assign_with_memory(&requests, &replicas(), &params, &mut memory, 10);
+    let plan = assign_with_memory(&requests, &replicas(&ids), &params, &mut memory, 10);
     assert_eq!(plan.assignments, vec![None]);
     assert_eq!(plan.sources, vec![None]);
     assert_eq!(plan.held.of(0), &[]);

@@ -4,9 +4,11 @@
 
 mod reference;
 
+use burst_prefix_planner::testing::{
+    batch, batch_with_endpoints, copies, params, replica_ids, replicas, rl_step,
+};
 use burst_prefix_planner::{
-    assign, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, PlanParams, Prompt,
-    Replica,
+    assign, hash_prompts, BalanceBy, BlockHash, BlockSpec, PlanParams, Prompt, Replica,
 };
 use proptest::prelude::*;
 use reference::reference_assign;
@@ -136,20 +138,6 @@ impl Case {
     }
 }
 
-fn batch<'a>(
-    blocks: &'a [Vec<BlockHash>],
-    allowed: &'a [Option<Vec<usize>>],
-) -> Vec<BatchRequest<'a>> {
-    blocks
-        .iter()
-        .zip(allowed)
-        .map(|(blocks, allowed)| BatchRequest {
-            blocks,
-            allowed_replicas: allowed.as_deref(),
-        })
-        .collect()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -157,7 +145,7 @@ proptest! {
     fn assign_is_the_reference_plan(case in case()) {
         let blocks = case.hashed();
         let allowed = case.allowed_lists();
-        let requests = batch(&blocks, &allowed);
+        let requests = batch_with_endpoints(&blocks, &allowed);
         let replicas: Vec<Replica<'_>> = case
             .replicas
             .iter()
@@ -175,18 +163,10 @@ proptest! {
 /// The SPEC §4 examples, through the reference too: the two readings agree on them.
 #[test]
 fn reference_reads_the_spec_examples() {
-    let ids = ["p1", "p2", "p3", "p4"];
-    let replicas: Vec<Replica<'_>> = ids
-        .iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect();
-    let prompt: Vec<BlockHash> = vec![1, 2, 3, 4];
-    let blocks = vec![prompt; 8];
-    let allowed = vec![None; 8];
-    let requests = batch(&blocks, &allowed);
+    let ids = replica_ids(4);
+    let replicas = replicas(&ids);
+    let blocks = copies(vec![1, 2, 3, 4], 8);
+    let requests = batch(&blocks);
     let counts = |k: Option<usize>, replicas: &[Replica<'_>]| {
         let params = PlanParams {
             max_per_replica: k,
@@ -207,4 +187,45 @@ fn reference_reads_the_spec_examples() {
     assert_eq!(counts(Some(2), &replicas), vec![2, 2, 2, 2]);
     assert_eq!(counts(Some(4), &replicas), vec![4, 4, 0, 0]);
     assert_eq!(counts(Some(2), &replicas[..2]), vec![4, 4]);
+}
+
+/// Fleets larger than `case()`'s: RL steps whose prompts share a system prompt (so that a unit's
+/// deepest held block has many holders), with N >= 1, on up to 64 replicas.
+fn rl_case() -> impl Strategy<Value = (Vec<Vec<BlockHash>>, usize, PlanParams)> {
+    (
+        1usize..40,
+        1usize..6,
+        0usize..4,
+        1usize..4,
+        1usize..65,
+        (
+            prop_oneof![Just(-1i64), 1i64..4],
+            1usize..5,
+            prop_oneof![Just(BalanceBy::Requests), Just(BalanceBy::Tokens)],
+        ),
+    )
+        .prop_map(
+            |(prompts, samples, system, own, fleet, (k, n, balance_by))| {
+                (
+                    rl_step(prompts, samples, system, own),
+                    fleet,
+                    params(k, n, balance_by),
+                )
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn assign_is_the_reference_plan_on_larger_fleets((prompts, fleet, params) in rl_case()) {
+        let ids = replica_ids(fleet);
+        let replicas = replicas(&ids);
+        let requests = batch(&prompts);
+        let plan = assign(&requests, &replicas, &params);
+        let expected = reference_assign(&requests, &replicas, &params);
+        prop_assert_eq!(&plan.assignments, &expected.assignments);
+        prop_assert_eq!(&plan.loads, &expected.loads);
+    }
 }

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use burst_prefix_api::{BalanceBy, MemoryConfig, PlannerConfig};
 use clap::{Args, ValueEnum};
 
+use crate::arrivals::{simulate_arrivals, OnlinePolicy, Timing};
 use crate::chart;
 use crate::policy::{
-    ApproxPrefix, Burst, CacheAware, CacheAwareParams, LeastLoaded, Policy, RoundRobin,
+    ApproxPrefix, Burst, CacheAware, CacheAwareParams, LeastLoaded, Policy, RoundRobin, ZeroWait,
 };
 use crate::report::{PolicyReport, Report};
 use crate::simulate::{lower_bound, simulate, Cluster};
@@ -117,6 +118,20 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1_000, help_heading = "Burst policy")]
     pub step_ms: u64,
 
+    /// zero-wait: a step's requests arrive within this long of its start (the window policies
+    /// see them all, as a window at least this long collects them).
+    #[arg(long, default_value_t = 100, help_heading = "Zero-wait policies")]
+    pub arrival_spread_ms: u64,
+    /// zero-wait: prefill speed of a replica, in tokens per ms.
+    #[arg(long, default_value_t = 10.0, help_heading = "Zero-wait policies")]
+    pub prefill_tokens_per_ms: f64,
+    /// zero-wait: a request completes this long after its prefill.
+    #[arg(long, default_value_t = 200, help_heading = "Zero-wait policies")]
+    pub decode_ms: u64,
+    /// zero-wait-decay: the in-flight estimate's half-life, without completions.
+    #[arg(long, default_value_t = 1_000, help_heading = "Zero-wait policies")]
+    pub in_flight_half_life_ms: u64,
+
     /// cache-aware: follow the best prefix match when it covers more than this share of a prompt.
     #[arg(
         long,
@@ -175,6 +190,18 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     {
         return Err("--balance-rel-threshold must be >= 0".into());
     }
+    if !(args.prefill_tokens_per_ms.is_finite() && args.prefill_tokens_per_ms > 0.0) {
+        return Err("--prefill-tokens-per-ms must be > 0".into());
+    }
+    if args.in_flight_half_life_ms == 0 {
+        return Err("--in-flight-half-life-ms must be >= 1".into());
+    }
+    let timing = Timing {
+        spread_ms: args.arrival_spread_ms,
+        prefill_tokens_per_ms: args.prefill_tokens_per_ms,
+        decode_ms: args.decode_ms,
+        seed: args.seed,
+    };
 
     let steps = hash_steps(&workload.generate(args.seed), spec);
     let cluster = Cluster {
@@ -200,6 +227,21 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
             args.step_ms,
         )),
     ];
+    // Placed as each request arrives (`arrivals`), beside the step-at-once policies.
+    let mut online: Vec<Box<dyn OnlinePolicy>> = vec![
+        Box::new(ZeroWait::new(
+            replicas,
+            config.plan_params(),
+            config.memory_settings(),
+            None,
+        )),
+        Box::new(ZeroWait::new(
+            replicas,
+            config.plan_params(),
+            config.memory_settings(),
+            Some(args.in_flight_half_life_ms),
+        )),
+    ];
     let bound = lower_bound(&steps);
     let report = Report {
         workload: workload.name().to_string(),
@@ -212,7 +254,13 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
         lower_bound_tokens: bound,
         policies: policies
             .iter_mut()
-            .map(|policy| PolicyReport::new(&simulate(&steps, cluster, policy.as_mut()), bound))
+            .map(|policy| simulate(&steps, cluster, policy.as_mut()))
+            .chain(
+                online
+                    .iter_mut()
+                    .map(|policy| simulate_arrivals(&steps, cluster, timing, policy.as_mut())),
+            )
+            .map(|outcome| PolicyReport::new(&outcome, bound))
             .collect(),
     };
     if let Some(path) = &args.svg {
@@ -373,6 +421,8 @@ mod tests {
             "cache-aware",
             "burst",
             "burst-nomem",
+            "zero-wait",
+            "zero-wait-decay",
         ] {
             assert!(
                 table.lines().any(|line| line.starts_with(policy)),
@@ -392,7 +442,7 @@ mod tests {
         assert_eq!(first, run(&parse(&flags)).unwrap());
         let json: serde_json::Value = serde_json::from_str(&first).unwrap();
         assert_eq!(json["workload"], "grpo");
-        assert_eq!(json["policies"].as_array().unwrap().len(), 6);
+        assert_eq!(json["policies"].as_array().unwrap().len(), 8);
         assert!(std::fs::read_to_string(&svg).unwrap().contains("burst"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -4,10 +4,14 @@
 //! caches. "Load" is the number of requests a policy has sent to a replica in the current step:
 //! a step's requests run concurrently and the previous step's have finished.
 
+use std::collections::HashMap;
+
 use burst_prefix_planner::{
-    assign, assign_with_memory, BatchRequest, Memory, MemorySettings, PlanParams, Replica,
+    assign, assign_with_memory, Arrival, BatchRequest, InFlight, InFlightSettings, Memory,
+    MemorySettings, PlacementId, PlanParams, Replica,
 };
 
+use crate::arrivals::OnlinePolicy;
 use crate::cache::BlockCache;
 use crate::workload::HashedRequest;
 
@@ -240,10 +244,8 @@ impl Burst {
         memory: Option<MemorySettings>,
         step_ms: u64,
     ) -> Self {
-        // Zero-padded, so that the planner's byte-wise id tie-break follows the index.
-        let width = replicas.saturating_sub(1).to_string().len();
         Burst {
-            ids: (0..replicas).map(|r| format!("r{r:0width$}")).collect(),
+            ids: replica_ids(replicas),
             params,
             memory: memory.map(Memory::new),
             step_ms,
@@ -298,6 +300,101 @@ impl Policy for Burst {
                 })
             })
             .collect()
+    }
+}
+
+/// Ids zero-padded, so that the planner's byte-wise id tie-break follows the index.
+fn replica_ids(replicas: usize) -> Vec<String> {
+    let width = replicas.saturating_sub(1).to_string().len();
+    (0..replicas).map(|r| format!("r{r:0width$}")).collect()
+}
+
+/// Ours without a window ([`InFlight`], zero-wait mode): each request placed as it arrives,
+/// from the placements in flight and, with memory, the cache models. `zero-wait` hears every
+/// completion, as the proxy does; `zero-wait-decay` does not, as the endpoint picker and
+/// `/v1/produce` do not, and lets each placement's load decay with a half-life instead. Both
+/// pass the number of identical prompts of a step as the group size (a client sending n
+/// samples knows n). The memory's touches are merged before each placement.
+#[derive(Debug)]
+pub struct ZeroWait {
+    params: PlanParams,
+    in_flight: InFlight,
+    memory: Option<Memory>,
+    /// Without completions heard: `None`.
+    placements: Option<HashMap<usize, PlacementId>>,
+}
+
+impl ZeroWait {
+    /// `decay_half_life_ms`: `None` hears completions, `Some` decays loads instead.
+    pub fn new(
+        replicas: usize,
+        params: PlanParams,
+        memory: Option<MemorySettings>,
+        decay_half_life_ms: Option<u64>,
+    ) -> Self {
+        let mut in_flight = InFlight::new(InFlightSettings {
+            load_half_life_ms: decay_half_life_ms.unwrap_or(0),
+        });
+        let ids = replica_ids(replicas);
+        let list: Vec<Replica<'_>> = ids
+            .iter()
+            .map(|id| Replica {
+                id,
+                running_requests: 0,
+            })
+            .collect();
+        in_flight.set_replicas(&list);
+        ZeroWait {
+            params,
+            in_flight,
+            memory: memory.map(Memory::new),
+            placements: decay_half_life_ms.is_none().then(HashMap::new),
+        }
+    }
+}
+
+impl OnlinePolicy for ZeroWait {
+    fn name(&self) -> &'static str {
+        match (&self.placements, &self.memory) {
+            (Some(_), Some(_)) => "zero-wait",
+            (Some(_), None) => "zero-wait-nomem",
+            (None, Some(_)) => "zero-wait-decay",
+            (None, None) => "zero-wait-decay-nomem",
+        }
+    }
+
+    fn place(
+        &mut self,
+        request: &HashedRequest,
+        group_size: Option<usize>,
+        request_id: usize,
+        now_ms: u64,
+    ) -> usize {
+        if let Some(memory) = &mut self.memory {
+            memory.settle();
+        }
+        let arrival = Arrival {
+            blocks: &request.blocks,
+            allowed_replicas: None,
+            group_size,
+        };
+        let placement = self
+            .in_flight
+            .place(&arrival, &self.params, self.memory.as_mut(), now_ms);
+        if let Some(placements) = &mut self.placements {
+            placements.insert(request_id, placement.id);
+        }
+        placement.replica.expect("a replica for every request")
+    }
+
+    fn complete(&mut self, request_id: usize, now_ms: u64) {
+        if let Some(id) = self
+            .placements
+            .as_mut()
+            .and_then(|placements| placements.remove(&request_id))
+        {
+            self.in_flight.finish(id, now_ms);
+        }
     }
 }
 

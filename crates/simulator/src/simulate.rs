@@ -43,6 +43,36 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Nothing counted yet.
+    pub(crate) fn new(policy: &'static str, replicas: usize) -> Self {
+        Outcome {
+            policy,
+            prefill_tokens: 0,
+            step_time_tokens: 0,
+            requests: 0,
+            sharing_requests: 0,
+            colocated_requests: 0,
+            replicas,
+        }
+    }
+
+    /// Counts one step served: per request its replica and the leading blocks its replica held
+    /// when it started, and per replica the tokens it prefilled.
+    pub(crate) fn add_step(
+        &mut self,
+        step: &[HashedRequest],
+        routes: &[usize],
+        hits: &[usize],
+        work: &[u64],
+    ) {
+        self.prefill_tokens += work.iter().sum::<u64>();
+        self.step_time_tokens += work.iter().copied().max().unwrap_or(0);
+        self.requests += step.len() as u64;
+        let (sharing, colocated) = colocation(step, routes, hits);
+        self.sharing_requests += sharing;
+        self.colocated_requests += colocated;
+    }
+
     /// Busiest-replica work over mean replica work, as a ratio of sums over the steps:
     /// `Σ_s max_r work(s, r) / Σ_s mean_r work(s, r)`, i.e. the step time proxy over the step time
     /// a perfectly even spread of the same prefill would take. A step weighs as much as it
@@ -125,15 +155,7 @@ pub fn simulate_on_slots(
 ) -> Outcome {
     assert!(slots.per_replica >= 1, "a replica has at least one slot");
     let mut caches = vec![BlockCache::new(cluster.cache_blocks); cluster.replicas];
-    let mut outcome = Outcome {
-        policy: policy.name(),
-        prefill_tokens: 0,
-        step_time_tokens: 0,
-        requests: 0,
-        sharing_requests: 0,
-        colocated_requests: 0,
-        replicas: cluster.replicas,
-    };
+    let mut outcome = Outcome::new(policy.name(), cluster.replicas);
     for step in steps {
         let routes = policy.route(step);
         assert_eq!(
@@ -181,12 +203,7 @@ pub fn simulate_on_slots(
                 cache.touch(blocks);
             }
         }
-        outcome.prefill_tokens += work.iter().sum::<u64>();
-        outcome.step_time_tokens += work.iter().copied().max().unwrap_or(0);
-        outcome.requests += step.len() as u64;
-        let (sharing, colocated) = colocation(step, &routes, &hits);
-        outcome.sharing_requests += sharing;
-        outcome.colocated_requests += colocated;
+        outcome.add_step(step, &routes, &hits, &work);
     }
     outcome
 }

@@ -2,12 +2,12 @@
 //! groups per family sharing the first quarter of their prompt (64 blocks of 64 tokens each).
 
 use std::hint::black_box;
-use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
+use burst_prefix_planner::testing::{memory, replica_ids};
 use burst_prefix_planner::{
     assign_with_memory, hash_prompts, BalanceBy, BatchRequest, BlockHash, BlockSpec, Memory,
-    MemorySettings, PlanParams, Prompt, Replica,
+    PlanParams, Prompt, Replica,
 };
 
 pub const PROMPT_TOKENS: usize = 4096;
@@ -50,29 +50,10 @@ pub fn window_seeded(requests: usize, seed: u64) -> Vec<Vec<BlockHash>> {
         .collect()
 }
 
-pub fn replica_list(ids: &[String]) -> Vec<Replica<'_>> {
-    ids.iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect()
-}
-
-pub fn whole_batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
-    prompts
-        .iter()
-        .map(|blocks| BatchRequest {
-            blocks,
-            allowed_replicas: None,
-        })
-        .collect()
-}
-
 /// The stream the memory benches plan: eight 10,000-request windows in turn, each on the same
 /// families with other prompts, on 16 replicas.
 pub fn memory_stream() -> (Vec<String>, Vec<Vec<Vec<BlockHash>>>) {
-    let ids = (0..16).map(|i| format!("ns/pod-{i:02}-rank-0")).collect();
+    let ids = replica_ids(16);
     let windows = (0..8).map(|seed| window_seeded(10_000, seed)).collect();
     (ids, windows)
 }
@@ -93,10 +74,7 @@ pub fn steady_memory(
     replicas: &[Replica<'_>],
     params: &PlanParams,
 ) -> (Memory, u64) {
-    let mut memory = Memory::new(MemorySettings {
-        capacity_blocks: NonZeroUsize::new(4_096).unwrap(),
-        load_half_life_ms: 1_000,
-    });
+    let mut memory = memory(4_096, 1_000);
     let mut now_ms = 0;
     for batch in batches {
         now_ms += 100;

@@ -1,61 +1,14 @@
 use super::*;
-use crate::prefixhash::{hash_prompts, BlockSpec, Prompt};
+use crate::prefixhash::{hash_prompts, BlockHash, BlockSpec, Prompt};
+use crate::testing::{batch, blocks, copies, params, per_replica, replica_ids, replicas};
 use proptest::prelude::*;
 
-const IDS: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
-
-fn replicas(count: usize) -> Vec<Replica<'static>> {
-    IDS[..count]
-        .iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect()
-}
-
-fn params(k: i64, n: usize, balance_by: BalanceBy) -> PlanParams {
-    PlanParams {
-        max_per_replica: (k >= 1).then_some(k as usize),
-        min_colocate_blocks: n,
-        balance_by,
-    }
-}
-
-/// Blocks of a prompt made of `shared` blocks of family `family` followed by `own` blocks unique
-/// to `tag`.
-fn blocks(family: u64, shared: usize, tag: u64, own: usize) -> Vec<BlockHash> {
-    (0..shared as u64)
-        .map(|i| family * 1_000_000 + i)
-        .chain((0..own as u64).map(|i| 1_000_000_000 + tag * 1_000 + i))
-        .collect()
-}
-
-fn batch(prompts: &[Vec<BlockHash>]) -> Vec<BatchRequest<'_>> {
-    prompts
-        .iter()
-        .map(|blocks| BatchRequest {
-            blocks,
-            allowed_replicas: None,
-        })
-        .collect()
-}
-
-/// `count` copies of the same prompt.
-fn copies(prompt: Vec<BlockHash>, count: usize) -> Vec<Vec<BlockHash>> {
-    vec![prompt; count]
-}
-
-fn per_replica(plan: &Plan, replica_count: usize) -> Vec<usize> {
-    let mut counts = vec![0; replica_count];
-    for replica in plan.assignments.iter().flatten() {
-        counts[*replica] += 1;
-    }
-    counts
-}
-
 fn run(prompts: &[Vec<BlockHash>], replica_count: usize, params: PlanParams) -> Plan {
-    assign(&batch(prompts), &replicas(replica_count), &params)
+    assign(
+        &batch(prompts),
+        &replicas(&replica_ids(replica_count)),
+        &params,
+    )
 }
 
 #[test]
@@ -227,14 +180,20 @@ fn requests_outside_their_endpoint_list_get_no_affinity() {
     let only_p4 = [3usize];
     let mut requests = batch(&prompts);
     requests[2].allowed_replicas = Some(&only_p4);
-    let plan = assign(&requests, &replicas(4), &params(-1, 0, BalanceBy::Requests));
+    let ids = replica_ids(4);
+    let plan = assign(
+        &requests,
+        &replicas(&ids),
+        &params(-1, 0, BalanceBy::Requests),
+    );
     assert_eq!(plan.assignments, vec![Some(0), Some(0), None]);
 }
 
 #[test]
 fn tie_break_prefers_fewer_running_requests_then_lower_id() {
     let prompts = copies(blocks(1, 4, 0, 0), 2);
-    let mut live = replicas(3);
+    let ids = replica_ids(3);
+    let mut live = replicas(&ids);
     live[0].running_requests = 5;
     live[1].running_requests = 1;
     live[2].running_requests = 1;
@@ -364,7 +323,8 @@ proptest! {
 
     #[test]
     fn replica_order_does_not_matter(prompts in hashed_batch(), p in plan_params(), r in 1usize..6, seed in any::<u64>()) {
-        let forward = replicas(r);
+        let ids = replica_ids(r);
+        let forward = replicas(&ids);
         let mut shuffled = forward.clone();
         // A deterministic shuffle from the seed (rotation plus optional reversal).
         shuffled.rotate_left(seed as usize % r);
