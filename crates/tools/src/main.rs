@@ -24,8 +24,9 @@ enum Command {
     /// rollout burst over loopback HTTP, and print where it landed and the prefill it saved.
     Demo(demo::DemoArgs),
     /// Simulate a cluster's prefix caches under round-robin, least-loaded, approx-prefix,
-    /// cache-aware and burst placement on the same workload, and compare their prefill.
-    Simulate(burst_prefix_simulator::cli::SimulateArgs),
+    /// cache-aware, burst (windowed) and zero-wait placement on the same workload, and compare
+    /// their prefill.
+    Simulate(Box<burst_prefix_simulator::cli::SimulateArgs>),
 }
 
 fn main() -> ExitCode {
