@@ -16,8 +16,10 @@
 pub mod decode;
 pub mod index;
 pub mod sequence;
+pub mod tokenizer;
 pub mod vllm_hash;
 
 pub use decode::{decode, decode_message, Batch, BlockHash, DecodeError, Event, Message};
 pub use index::{chain_keys, ApplyReport, EngineIndex, Held, IndexConfig};
 pub use sequence::{SeqStatus, SeqTracker};
+pub use tokenizer::{ChatOptions, Tokenizer, TokenizerError};
