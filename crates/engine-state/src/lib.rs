@@ -14,12 +14,18 @@
 #![forbid(unsafe_code)]
 
 pub mod decode;
+pub mod endpoints;
 pub mod index;
+pub mod load;
 pub mod sequence;
 pub mod tokenizer;
 pub mod vllm_hash;
 
 pub use decode::{decode, decode_message, Batch, BlockHash, DecodeError, Event, Message};
+pub use endpoints::EngineEndpoint;
 pub use index::{chain_keys, ApplyReport, EngineIndex, Held, IndexConfig};
+pub use load::{
+    parse_load, scrape_load, spawn_load_scraper, EngineLoad, LoadReport, LoadScraperConfig,
+};
 pub use sequence::{SeqStatus, SeqTracker};
 pub use tokenizer::{ChatOptions, Tokenizer, TokenizerError};
