@@ -736,7 +736,8 @@ mod tests {
     fn blocks_whose_hash_needs_more_than_tokens_or_another_group_are_not_indexed() {
         let mut index = EngineIndex::new(IndexConfig::default());
         let p = prompt(12, 8);
-        let variants: Vec<Box<dyn Fn(&mut BlockStored)>> = vec![
+        type Change = Box<dyn Fn(&mut BlockStored)>;
+        let variants: Vec<Change> = vec![
             Box::new(|s| s.lora_name = Some("adapter".into())),
             Box::new(|s| s.has_extra_keys = true),
             Box::new(|s| s.group_idx = Some(1)),

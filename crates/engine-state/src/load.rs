@@ -30,9 +30,12 @@ const RUNNING: &str = "vllm:num_requests_running";
 const USAGE: &str = "vllm:kv_cache_usage_perc";
 const USAGE_OLD: &str = "vllm:gpu_cache_usage_perc";
 
+/// One parsed sample: its metric name, its labels in order, its value.
+pub type Sample<'a> = (&'a str, Vec<(String, String)>, f64);
+
 /// One sample line: `name{labels} value [timestamp]`. `None` for comments, blank lines, and lines
 /// that do not parse (tolerated: a scrape keeps what it can read).
-pub fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+pub fn parse_sample(line: &str) -> Option<Sample<'_>> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;
