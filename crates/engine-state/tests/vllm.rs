@@ -1,0 +1,536 @@
+//! The engine-facing pieces against real vLLM servers that these tests start and stop (see
+//! `common/mod.rs` for where vLLM and the model are found; missing is a failure, not a skip).
+//!
+//! Each test holds the engine lock: at most two servers run at once.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burst_prefix_engine_state::decode::{Batch, Event};
+use burst_prefix_engine_state::load::{scrape_load, spawn_load_scraper, LoadScraperConfig};
+use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
+use burst_prefix_engine_state::vllm_hash::{
+    event_int, prompt_block_hashes, DEFAULT_NONE_HASH_SEED,
+};
+use burst_prefix_engine_state::{
+    EngineEndpoint, EngineIndex, EngineUpdate, IndexConfig, KvEventsMetrics, KvEventsSubscriber,
+    SubscriberConfig, Topology,
+};
+use common::{engine_lock, free_port, model_dir, Vllm, VllmOptions};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+
+/// What the test's consumer of the subscriber has seen.
+#[derive(Default)]
+struct Seen {
+    index: EngineIndex,
+    batches: Vec<(String, u64, Batch)>,
+    clears: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+/// Applies every update to an index, as the producer will, and keeps the batches.
+fn consume(mut rx: mpsc::Receiver<EngineUpdate>, metrics: KvEventsMetrics) -> Shared {
+    let seen: Shared = Arc::new(Mutex::new(Seen {
+        index: EngineIndex::new(IndexConfig::default()),
+        ..Seen::default()
+    }));
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while let Some(update) = rx.recv().await {
+            let mut s = seen.lock().unwrap();
+            match update {
+                EngineUpdate::Batch {
+                    replica,
+                    seq,
+                    batch,
+                } => {
+                    let report = s.index.apply(&replica, &batch);
+                    metrics.record_apply(&report);
+                    s.batches.push((replica, seq, batch));
+                }
+                EngineUpdate::Clear { replica, .. } => {
+                    s.index.clear(&replica);
+                    s.clears.push(replica);
+                }
+            }
+        }
+    });
+    out
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes; false on time-out.
+async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn endpoint(id: &str, vllm: &Vllm) -> EngineEndpoint {
+    EngineEndpoint {
+        id: id.into(),
+        host: "127.0.0.1".into(),
+        http_port: vllm.port,
+    }
+}
+
+/// A long prompt in the tiny model's vocabulary, distinct per `seed`.
+fn text(seed: usize, words: usize) -> String {
+    let vocab = [
+        "the",
+        "system",
+        "user",
+        "assistant",
+        "request",
+        "prompt",
+        "answer",
+        "question",
+        "context",
+        "document",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "you",
+        "that",
+        "it",
+    ];
+    let mut out = format!("{seed} ");
+    for i in 0..words {
+        out.push_str(vocab[(i * 7 + seed * 13 + i / 5) % vocab.len()]);
+        out.push(if i % 11 == 10 { '.' } else { ' ' });
+    }
+    out
+}
+
+async fn post(client: &reqwest::Client, url: String, body: Value) -> Value {
+    let resp = client
+        .post(&url)
+        .json(&body)
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert!(status.is_success(), "POST {url}: {status}: {text}");
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The int hashes every BlockStored of `replica` announced.
+fn stored_hashes(seen: &Seen, replica: &str) -> HashSet<u64> {
+    seen.batches
+        .iter()
+        .filter(|(r, _, _)| r == replica)
+        .flat_map(|(_, _, b)| b.events.iter())
+        .filter_map(|e| match e {
+            Event::BlockStored(s) => Some(s.block_hashes.iter().map(|h| h.as_u64())),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn block_size_of(seen: &Seen, replica: &str) -> usize {
+    seen.index
+        .block_size(replica)
+        .expect("a BlockStored told the block size")
+}
+
+fn chat(seed: usize) -> Value {
+    json!([
+        {"role": "system", "content": text(seed, 120)},
+        {"role": "user", "content": format!("question {seed}: what is the answer?")},
+        {"role": "assistant", "content": "the answer is in the document."},
+        {"role": "user", "content": [{"type": "text", "text": text(seed + 1, 60)}, {"type": "text", "text": "and you?"}]},
+    ])
+}
+
+#[test]
+fn our_tokenizer_gives_vllms_own_ids_for_completions_and_chat() {
+    let _lock = engine_lock();
+    let vllm = Vllm::start(VllmOptions {
+        port: free_port(),
+        ..VllmOptions::default()
+    });
+    let tokenizer = Tokenizer::from_dir(&model_dir()).expect("the model's tokenizer");
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let prompts = [
+            text(1, 200),
+            "hello".to_owned(),
+            "  leading spaces, unicode é ü 😀 and <|user|> special tokens\n\nnew lines\t".to_owned(),
+            "0 7 13: (0) [0] {'k': 0} 0.000 - _ # @ $ % ^ & * + = / \\ | ~ `".to_owned(),
+        ];
+        for p in &prompts {
+            let theirs = ids(&post(&client, vllm.url("/tokenize"), json!({"model": "tiny", "prompt": p})).await);
+            let ours = tokenizer.encode_completion(p).unwrap();
+            assert_eq!(ours, theirs, "completion prompt {p:?}");
+        }
+        let chats = [
+            chat(3),
+            json!([{"role": "user", "content": "hi"}]),
+            json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "  x  "}]),
+        ];
+        for messages in &chats {
+            let theirs = ids(
+                &post(
+                    &client,
+                    vllm.url("/tokenize"),
+                    json!({"model": "tiny", "messages": messages, "add_generation_prompt": true}),
+                )
+                .await,
+            );
+            let ours = tokenizer
+                .encode_chat(messages, &ChatOptions::chat_completions())
+                .unwrap();
+            assert_eq!(ours, theirs, "chat {messages}");
+        }
+        // And without the generation prompt.
+        let messages = chat(5);
+        let theirs = ids(
+            &post(
+                &client,
+                vllm.url("/tokenize"),
+                json!({"model": "tiny", "messages": messages, "add_generation_prompt": false}),
+            )
+            .await,
+        );
+        let ours = tokenizer
+            .encode_chat(&messages, &ChatOptions::default())
+            .unwrap();
+        assert_eq!(ours, theirs);
+    });
+}
+
+#[test]
+fn events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_reset_clears_them() {
+    let _lock = engine_lock();
+    let events_port = free_port();
+    let replay_port = free_port();
+    let vllm = Vllm::start(VllmOptions {
+        port: free_port(),
+        kv_events: Some(json!({
+            "enable_kv_cache_events": true,
+            "publisher": "zmq",
+            "endpoint": format!("tcp://127.0.0.1:{events_port}"),
+            "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"),
+            "topic": "replica-a",
+        })),
+        args: vec!["--prefix-caching-hash-algo".into(), "sha256_cbor".into()],
+        env: vec![("VLLM_SERVER_DEV_MODE".into(), "1".into())],
+    });
+    let tokenizer = Tokenizer::from_dir(&model_dir()).expect("the model's tokenizer");
+    runtime().block_on(async {
+        let registry = prometheus::Registry::new();
+        let metrics = KvEventsMetrics::register(&registry).unwrap();
+        let (_endpoints_tx, endpoints) = watch::channel(vec![endpoint("replica-a", &vllm)]);
+        let (tx, rx) = mpsc::channel(1024);
+        let mut config = SubscriberConfig::new(Topology::Bind {
+            endpoint: format!("tcp://127.0.0.1:{events_port}"),
+        });
+        config.replay_port = Some(replay_port);
+        let _sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone())
+            .await
+            .expect("binding the events endpoint");
+        let seen = consume(rx, metrics.clone());
+        let client = reqwest::Client::new();
+
+        // A completion sent straight to the replica.
+        let prompt = text(11, 400);
+        let prompt_ids = tokenizer.encode_completion(&prompt).unwrap();
+        post(&client, vllm.url("/v1/completions"), json!({"model": "tiny", "prompt": prompt, "max_tokens": 1})).await;
+        // A chat request.
+        let messages = chat(21);
+        let chat_ids = tokenizer.encode_chat(&messages, &ChatOptions::chat_completions()).unwrap();
+        post(&client, vllm.url("/v1/chat/completions"), json!({"model": "tiny", "messages": messages, "max_tokens": 1})).await;
+
+        for (what, ids) in [("completion", &prompt_ids), ("chat", &chat_ids)] {
+            let arrived = eventually(Duration::from_secs(30), || {
+                let s = seen.lock().unwrap();
+                s.index.block_size("replica-a").is_some_and(|bs| {
+                    s.index.held(ids).iter().any(|h| h.replica == "replica-a" && h.blocks == ids.len() / bs)
+                })
+            })
+            .await;
+            let s = seen.lock().unwrap();
+            assert!(arrived, "{what}: the replica's events never showed all {} tokens' full blocks held; batches: {}", ids.len(), s.batches.len());
+            let bs = block_size_of(&s, "replica-a");
+            let ours: Vec<u64> = prompt_block_hashes(ids, bs, DEFAULT_NONE_HASH_SEED).iter().map(event_int).collect();
+            assert!(!ours.is_empty(), "{what}: a prompt of {} tokens has a full block of {bs}", ids.len());
+            let theirs = stored_hashes(&s, "replica-a");
+            for (i, h) in ours.iter().enumerate() {
+                assert!(theirs.contains(h), "{what}: block {i}'s sha256_cbor hash {h:#x} from our token ids is not among the engine's {theirs:x?}");
+            }
+        }
+        assert!(metrics.events("BlockStored") > 0);
+        assert_eq!(metrics.gaps(), 0);
+
+        // A reset on the replica drops what it holds.
+        post(&client, vllm.url("/reset_prefix_cache"), json!({})).await;
+        let cleared = eventually(Duration::from_secs(30), || {
+            let s = seen.lock().unwrap();
+            s.index.held(&prompt_ids).is_empty() && s.index.held(&chat_ids).is_empty()
+        })
+        .await;
+        assert!(cleared, "after POST /reset_prefix_cache the index still holds the prompts");
+        assert_eq!(metrics.events("AllBlocksCleared"), 1);
+        assert_eq!(metrics.resets("cleared"), 1);
+        assert_eq!(seen.lock().unwrap().index.blocks_held("replica-a"), 0);
+    });
+}
+
+#[test]
+fn each_engines_own_publisher_is_followed_and_a_late_subscriber_replays_what_it_missed() {
+    let _lock = engine_lock();
+    let mut engines = Vec::new();
+    for id in ["a", "b"] {
+        let events_port = free_port();
+        let replay_port = free_port();
+        let vllm = Vllm::start(VllmOptions {
+            port: free_port(),
+            kv_events: Some(json!({
+                "enable_kv_cache_events": true,
+                "publisher": "zmq",
+                // vLLM binds when the endpoint has "::": the IPv6 loopback.
+                "endpoint": format!("tcp://[::1]:{events_port}"),
+                "replay_endpoint": format!("tcp://[::1]:{replay_port}"),
+                "topic": "kv",
+            })),
+            ..VllmOptions::default()
+        });
+        engines.push((id, vllm, events_port, replay_port));
+    }
+    runtime().block_on(async {
+        let tokenizer = Tokenizer::from_dir(&model_dir()).unwrap();
+        let client = reqwest::Client::new();
+        let endpoints: Vec<EngineEndpoint> = engines
+            .iter()
+            .map(|(id, v, _, _)| EngineEndpoint { id: (*id).into(), host: "::1".into(), http_port: v.port })
+            .collect();
+        let subscribe = |metrics: KvEventsMetrics, events_port: u16, replay_port: u16, list: Vec<EngineEndpoint>| async move {
+            let (endpoints_tx, endpoints) = watch::channel(list);
+            let (tx, rx) = mpsc::channel(1024);
+            let mut config = SubscriberConfig::new(Topology::Connect { port: events_port });
+            config.replay_port = Some(replay_port);
+            let sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone()).await.unwrap();
+            (sub, endpoints_tx, consume(rx, metrics))
+        };
+        // The two engines' ports differ (one machine); one subscriber per engine here, each
+        // connecting to its endpoint's port, as producers do with one port fleet-wide.
+        let mut subs = Vec::new();
+        for (i, (_, _, events_port, replay_port)) in engines.iter().enumerate() {
+            let metrics = KvEventsMetrics::register(&prometheus::Registry::new()).unwrap();
+            subs.push((subscribe(metrics.clone(), *events_port, *replay_port, vec![endpoints[i].clone()]).await, metrics));
+        }
+        // Give the SUB sockets time to connect before the first event (a slow joiner would be
+        // replayed anyway).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let p1 = text(31, 300);
+        let p1_ids = tokenizer.encode_completion(&p1).unwrap();
+        post(&client, engines[0].1.url("/v1/completions"), json!({"model": "tiny", "prompt": p1, "max_tokens": 1})).await;
+        let seen_a = &subs[0].0 .2;
+        let held = eventually(Duration::from_secs(30), || !seen_a.lock().unwrap().index.held(&p1_ids).is_empty()).await;
+        assert!(held, "a prompt sent straight to engine a never showed in its events");
+        {
+            let s = seen_a.lock().unwrap();
+            let bs = block_size_of(&s, "a");
+            let held = s.index.held(&p1_ids);
+            assert_eq!(held.len(), 1);
+            assert_eq!((held[0].replica, held[0].blocks), ("a", p1_ids.len() / bs));
+        }
+        let seen_b = &subs[1].0 .2;
+        assert!(seen_b.lock().unwrap().index.held(&p1_ids).is_empty(), "engine b never saw the prompt");
+
+        // Drop b's subscriber, send b a prompt it cannot hear, then subscribe again from scratch:
+        // the new subscriber joins past sequence 0 and replays what b published before.
+        let (_, _, b_events, b_replay) = engines[1];
+        subs.pop();
+        let p2 = text(41, 300);
+        let p2_ids = tokenizer.encode_completion(&p2).unwrap();
+        post(&client, engines[1].1.url("/v1/completions"), json!({"model": "tiny", "prompt": p2, "max_tokens": 1})).await;
+        let metrics = KvEventsMetrics::register(&prometheus::Registry::new()).unwrap();
+        let (_sub, _tx, seen_b) = subscribe(metrics.clone(), b_events, b_replay, vec![endpoints[1].clone()]).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // One more request to b publishes a batch with sequence > 0: the new subscriber's first.
+        let p3 = text(51, 300);
+        let p3_ids = tokenizer.encode_completion(&p3).unwrap();
+        post(&client, engines[1].1.url("/v1/completions"), json!({"model": "tiny", "prompt": p3, "max_tokens": 1})).await;
+        let both = eventually(Duration::from_secs(30), || {
+            let s = seen_b.lock().unwrap();
+            !s.index.held(&p2_ids).is_empty() && !s.index.held(&p3_ids).is_empty()
+        })
+        .await;
+        assert!(both, "the late subscriber holds p2 (replayed) and p3 (live): replays complete={} lost={} failed={}",
+            metrics.replays("complete"), metrics.replays("lost"), metrics.replays("failed"));
+        assert_eq!(metrics.replays("complete"), 1);
+        let s = seen_b.lock().unwrap();
+        let first_seqs: Vec<u64> = s.batches.iter().map(|(_, seq, _)| *seq).collect();
+        assert_eq!(first_seqs.first(), Some(&0), "replayed from the publisher's first batch: {first_seqs:?}");
+        assert!(first_seqs.windows(2).all(|w| w[1] == w[0] + 1), "batches applied in sequence order: {first_seqs:?}");
+    });
+}
+
+#[test]
+fn an_engine_eviction_is_seen_as_block_removed_and_the_evicted_prompt_is_no_longer_held() {
+    let _lock = engine_lock();
+    let events_port = free_port();
+    let vllm = Vllm::start(VllmOptions {
+        port: free_port(),
+        kv_events: Some(json!({
+            "enable_kv_cache_events": true,
+            "publisher": "zmq",
+            "endpoint": format!("tcp://127.0.0.1:{events_port}"),
+            "topic": "e",
+        })),
+        // 24 blocks of 128 tokens: room for about three of the prompts below.
+        args: vec!["--num-gpu-blocks-override".into(), "24".into()],
+        ..VllmOptions::default()
+    });
+    runtime().block_on(async {
+        let tokenizer = Tokenizer::from_dir(&model_dir()).unwrap();
+        let registry = prometheus::Registry::new();
+        let metrics = KvEventsMetrics::register(&registry).unwrap();
+        let (_endpoints_tx, endpoints) = watch::channel(vec![endpoint("e", &vllm)]);
+        let (tx, rx) = mpsc::channel(1024);
+        let config = SubscriberConfig::new(Topology::Bind {
+            endpoint: format!("tcp://127.0.0.1:{events_port}"),
+        });
+        let _sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone())
+            .await
+            .unwrap();
+        let seen = consume(rx, metrics.clone());
+        let client = reqwest::Client::new();
+        let prompts: Vec<String> = (0..6).map(|i| text(100 + i, 500)).collect();
+        let first_ids = tokenizer.encode_completion(&prompts[0]).unwrap();
+        for p in &prompts {
+            post(
+                &client,
+                vllm.url("/v1/completions"),
+                json!({"model": "tiny", "prompt": p, "max_tokens": 1}),
+            )
+            .await;
+        }
+        let evicted = eventually(Duration::from_secs(30), || {
+            metrics.events("BlockRemoved") > 0
+        })
+        .await;
+        assert!(
+            evicted,
+            "no BlockRemoved after {} prompts on a 24-block cache",
+            prompts.len()
+        );
+        // The oldest prompt's blocks went first (the engine evicts least recently used).
+        let gone = eventually(Duration::from_secs(30), || {
+            let s = seen.lock().unwrap();
+            s.index
+                .held(&first_ids)
+                .iter()
+                .all(|h| h.replica != "e" || h.tokens() < first_ids.len() / 128 * 128)
+        })
+        .await;
+        let s = seen.lock().unwrap();
+        assert!(
+            gone,
+            "the first prompt is still held in full: {:?}",
+            s.index.held(&first_ids)
+        );
+        assert!(
+            s.index.blocks_held("e") <= 24,
+            "the index holds {} blocks, the engine at most 24",
+            s.index.blocks_held("e")
+        );
+        let last_ids = tokenizer
+            .encode_completion(prompts.last().unwrap())
+            .unwrap();
+        let bs = block_size_of(&s, "e");
+        assert_eq!(
+            s.index.held(&last_ids).first().map(|h| h.blocks),
+            Some(last_ids.len() / bs),
+            "the newest prompt is held"
+        );
+    });
+}
+
+#[test]
+fn engine_load_is_scraped_from_vllms_metrics() {
+    let _lock = engine_lock();
+    let vllm = Vllm::start(VllmOptions {
+        port: free_port(),
+        ..VllmOptions::default()
+    });
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        // A request first, so that the cache holds something.
+        post(
+            &client,
+            vllm.url("/v1/completions"),
+            json!({"model": "tiny", "prompt": text(7, 300), "max_tokens": 1}),
+        )
+        .await;
+        let load = scrape_load(&client, &vllm.url("/metrics"), Duration::from_secs(5))
+            .await
+            .expect("a scrape");
+        assert_eq!(load.len(), 1, "{load:?}");
+        assert_eq!(load[0].model.as_deref(), Some("tiny"));
+        assert_eq!(
+            (load[0].waiting, load[0].running),
+            (0.0, 0.0),
+            "idle after the request: {load:?}"
+        );
+        assert!((0.0..=1.0).contains(&load[0].kv_cache_usage), "{load:?}");
+
+        // The scraper, on an interval, through the endpoints watch.
+        let (_tx, endpoints) = watch::channel(vec![endpoint("x", &vllm)]);
+        let (sink, mut reports) = mpsc::channel(16);
+        let config = LoadScraperConfig {
+            interval: Duration::from_millis(200),
+            ..LoadScraperConfig::default()
+        };
+        let task = spawn_load_scraper(config, endpoints, sink);
+        for _ in 0..2 {
+            let report = tokio::time::timeout(Duration::from_secs(10), reports.recv())
+                .await
+                .expect("a report in time")
+                .expect("the scraper runs");
+            assert_eq!(report.replica, "x");
+            assert_eq!(
+                report.load.expect("a scrape")[0].model.as_deref(),
+                Some("tiny")
+            );
+        }
+        task.abort();
+        // A port nobody listens on is an error, not a hang.
+        let dead = format!("http://127.0.0.1:{}/metrics", free_port());
+        assert!(scrape_load(&client, &dead, Duration::from_secs(2))
+            .await
+            .is_err());
+    });
+}
