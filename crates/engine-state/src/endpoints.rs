@@ -31,6 +31,15 @@ impl EngineEndpoint {
     pub fn zmq_tcp(&self, port: u16) -> String {
         format!("tcp://{}:{}", self.url_host(), port)
     }
+
+    /// An address from a template: `{host}` becomes the host (IPv6 in brackets), `{id}` the
+    /// endpoint id; e.g. `tcp://{host}:5557`, or `ipc:///run/kv/{id}.sock` for an engine beside
+    /// the producer.
+    pub fn address(&self, template: &str) -> String {
+        template
+            .replace("{host}", &self.url_host())
+            .replace("{id}", &self.id)
+    }
 }
 
 #[cfg(test)]
@@ -51,5 +60,7 @@ mod tests {
             ..v4
         };
         assert_eq!(v6.zmq_tcp(5557), "tcp://[fd00::1]:5557");
+        assert_eq!(v6.address("tcp://{host}:5558"), "tcp://[fd00::1]:5558");
+        assert_eq!(v6.address("ipc:///run/{id}.sock"), "ipc:///run/a.sock");
     }
 }

@@ -11,8 +11,9 @@
 //!
 //! Per publisher, sequence numbers are tracked ([`crate::sequence`]). After a gap, the missing
 //! batches are asked from the engine's replay socket (vLLM's ROUTER on `replay_endpoint`: a
-//! DEALER sends `["", start seq (8 bytes big-endian)]`, and receives `["", seq, payload]` for each
-//! buffered batch from `start` on, then `["", -1, ""]`), applied in order, then the live batch. A
+//! DEALER sends `["", start seq (8 bytes big-endian)]`, and receives `["", topic, seq, payload]`
+//! for each buffered batch from `start` on, then `["", "", -1, ""]`; vLLM before 0.32 left the
+//! topic out), applied in order, then the live batch. A
 //! gap that cannot be filled (no replay port, no answer, or batches no longer buffered) makes the
 //! replica's state unknowable, so the subscriber sends a [`EngineUpdate::Clear`] for it first:
 //! the index under-predicts until new events arrive, never over-predicts. A sequence number going
@@ -46,11 +47,21 @@ pub enum Topology {
         /// The ZMQ endpoint to bind.
         endpoint: String,
     },
-    /// Connect to each endpoint's own publisher on this port.
+    /// Connect to each endpoint's own publisher at this address template (see
+    /// [`EngineEndpoint::address`]), e.g. `tcp://{host}:5557` ([`Topology::connect_port`]).
     Connect {
-        /// The engines' event port.
-        port: u16,
+        /// The publisher's address, `{host}` and `{id}` filled in per endpoint.
+        address: String,
     },
+}
+
+impl Topology {
+    /// Connect to each endpoint's publisher on `port` of its host (`tcp://{host}:PORT`).
+    pub fn connect_port(port: u16) -> Self {
+        Topology::Connect {
+            address: format!("tcp://{{host}}:{port}"),
+        }
+    }
 }
 
 /// How the subscriber runs.
@@ -58,9 +69,10 @@ pub enum Topology {
 pub struct SubscriberConfig {
     /// Bind one endpoint, or connect to each engine.
     pub topology: Topology,
-    /// The engines' replay port (vLLM's `replay_endpoint`, e.g. `tcp://*:5558`); `None`: no
-    /// replay, a gap clears the replica.
-    pub replay_port: Option<u16>,
+    /// The engines' replay socket (vLLM's `replay_endpoint`, which it binds, e.g. `tcp://*:5558`)
+    /// as an address template (see [`EngineEndpoint::address`]), e.g. `tcp://{host}:5558`;
+    /// `None`: no replay, a gap clears the replica.
+    pub replay_address: Option<String>,
     /// The most one replay may take, connection included.
     pub replay_timeout: Duration,
     /// The most batches one replay takes (vLLM buffers 10,000 by default).
@@ -72,11 +84,11 @@ pub struct SubscriberConfig {
 
 impl SubscriberConfig {
     /// The given topology with a 2 s replay timeout, up to 10,000 replayed batches, replay on
-    /// join, and no replay port.
+    /// join, and no replay socket.
     pub fn new(topology: Topology) -> Self {
         SubscriberConfig {
             topology,
-            replay_port: None,
+            replay_address: None,
             replay_timeout: Duration::from_secs(2),
             max_replay_batches: 10_000,
             replay_on_join: true,
@@ -353,8 +365,8 @@ impl KvEventsSubscriber {
                     bound: Some(bound.to_string()),
                 })
             }
-            Topology::Connect { port } => {
-                let task = tokio::spawn(run_connecting(port, endpoints, ctx));
+            Topology::Connect { address } => {
+                let task = tokio::spawn(run_connecting(address, endpoints, ctx));
                 Ok(KvEventsSubscriber { task, bound: None })
             }
         }
@@ -384,7 +396,7 @@ async fn run_bound(
         *current = list.iter().map(|e| (e.id.clone(), e.clone())).collect();
         streams.retain(|id, s| match current.get(id) {
             Some(ep) => {
-                s.replay = ctx.config.replay_port.map(|p| ep.zmq_tcp(p));
+                s.replay = ctx.config.replay_address.as_deref().map(|t| ep.address(t));
                 true
             }
             None => false,
@@ -422,7 +434,7 @@ async fn run_bound(
         };
         let stream = streams.entry(topic.clone()).or_insert_with(|| Stream {
             replica: topic,
-            replay: ctx.config.replay_port.map(|p| ep.zmq_tcp(p)),
+            replay: ctx.config.replay_address.as_deref().map(|t| ep.address(t)),
             tracker: SeqTracker::new(),
         });
         if handle(&ctx, stream, &frames).await.is_err() {
@@ -431,7 +443,11 @@ async fn run_bound(
     }
 }
 
-async fn run_connecting(port: u16, mut endpoints: watch::Receiver<Vec<EngineEndpoint>>, ctx: Ctx) {
+async fn run_connecting(
+    address: String,
+    mut endpoints: watch::Receiver<Vec<EngineEndpoint>>,
+    ctx: Ctx,
+) {
     let ctx = std::sync::Arc::new(ctx);
     let mut tasks: HashMap<String, (EngineEndpoint, JoinHandle<()>)> = HashMap::new();
     // Abort every per-endpoint task when this task ends or is aborted.
@@ -459,7 +475,7 @@ async fn run_connecting(port: u16, mut endpoints: watch::Receiver<Vec<EngineEndp
                 continue;
             }
             let ctx = ctx.clone();
-            let task = tokio::spawn(follow_endpoint(ep.clone(), port, ctx));
+            let task = tokio::spawn(follow_endpoint(ep.clone(), address.clone(), ctx));
             tasks.0.insert(ep.id.clone(), (ep, task));
         }
         if endpoints.changed().await.is_err() || ctx.sink.is_closed() {
@@ -469,8 +485,8 @@ async fn run_connecting(port: u16, mut endpoints: watch::Receiver<Vec<EngineEndp
 }
 
 /// One endpoint's publisher, followed until its task is aborted or the sink closes.
-async fn follow_endpoint(ep: EngineEndpoint, port: u16, ctx: std::sync::Arc<Ctx>) {
-    let address = ep.zmq_tcp(port);
+async fn follow_endpoint(ep: EngineEndpoint, template: String, ctx: std::sync::Arc<Ctx>) {
+    let address = ep.address(&template);
     let mut socket = zeromq::SubSocket::new();
     // Retries with backoff until the engine's publisher is up (the socket reconnects by itself
     // after that).
@@ -484,7 +500,7 @@ async fn follow_endpoint(ep: EngineEndpoint, port: u16, ctx: std::sync::Arc<Ctx>
     }
     let mut stream = Stream {
         replica: ep.id.clone(),
-        replay: ctx.config.replay_port.map(|p| ep.zmq_tcp(p)),
+        replay: ctx.config.replay_address.as_deref().map(|t| ep.address(t)),
         tracker: SeqTracker::new(),
     };
     loop {
@@ -649,8 +665,10 @@ async fn request_replay(
     // vLLM answers every buffered batch from `start` on, then the end marker.
     for _ in 0..=max_batches {
         let reply = socket.recv().await?.into_vec();
+        // After the empty delimiter: [topic, seq, payload] (vLLM 0.32) or [seq, payload]
+        // (earlier versions).
         let (seq, payload) = match reply.as_slice() {
-            [_, seq, payload] => (seq, payload),
+            [_, _, seq, payload] | [_, seq, payload] => (seq, payload),
             _ => continue,
         };
         if seq.as_ref() == [0xff; 8] {

@@ -256,7 +256,7 @@ fn events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_rese
         let mut config = SubscriberConfig::new(Topology::Bind {
             endpoint: format!("tcp://127.0.0.1:{events_port}"),
         });
-        config.replay_port = Some(replay_port);
+        config.replay_address = Some(format!("tcp://{{host}}:{replay_port}"));
         let _sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone())
             .await
             .expect("binding the events endpoint");
@@ -308,93 +308,131 @@ fn events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_rese
 }
 
 #[test]
-fn each_engines_own_publisher_is_followed_and_a_late_subscriber_replays_what_it_missed() {
+fn each_engines_own_publisher_is_followed_and_a_rejoining_endpoint_replays_what_it_missed() {
     let _lock = engine_lock();
+    // Each engine binds its own publisher and replay socket. vLLM binds only addresses with "*"
+    // (every interface) or IPC sockets; the tests stay off the network with IPC.
+    let sockets = tempfile::tempdir().unwrap();
+    let dir = sockets.path().display().to_string();
     let mut engines = Vec::new();
     for id in ["a", "b"] {
-        let events_port = free_port();
-        let replay_port = free_port();
         let vllm = Vllm::start(VllmOptions {
             port: free_port(),
             kv_events: Some(json!({
                 "enable_kv_cache_events": true,
                 "publisher": "zmq",
-                // vLLM binds when the endpoint has "::": the IPv6 loopback.
-                "endpoint": format!("tcp://[::1]:{events_port}"),
-                "replay_endpoint": format!("tcp://[::1]:{replay_port}"),
+                "endpoint": format!("ipc://{dir}/{id}-events.sock"),
+                "replay_endpoint": format!("ipc://{dir}/{id}-replay.sock"),
                 "topic": "kv",
             })),
             ..VllmOptions::default()
         });
-        engines.push((id, vllm, events_port, replay_port));
+        engines.push(vllm);
     }
     runtime().block_on(async {
         let tokenizer = Tokenizer::from_dir(&model_dir()).unwrap();
         let client = reqwest::Client::new();
-        let endpoints: Vec<EngineEndpoint> = engines
-            .iter()
-            .map(|(id, v, _, _)| EngineEndpoint { id: (*id).into(), host: "::1".into(), http_port: v.port })
-            .collect();
-        let subscribe = |metrics: KvEventsMetrics, events_port: u16, replay_port: u16, list: Vec<EngineEndpoint>| async move {
-            let (endpoints_tx, endpoints) = watch::channel(list);
-            let (tx, rx) = mpsc::channel(1024);
-            let mut config = SubscriberConfig::new(Topology::Connect { port: events_port });
-            config.replay_port = Some(replay_port);
-            let sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone()).await.unwrap();
-            (sub, endpoints_tx, consume(rx, metrics))
-        };
-        // The two engines' ports differ (one machine); one subscriber per engine here, each
-        // connecting to its endpoint's port, as producers do with one port fleet-wide.
-        let mut subs = Vec::new();
-        for (i, (_, _, events_port, replay_port)) in engines.iter().enumerate() {
-            let metrics = KvEventsMetrics::register(&prometheus::Registry::new()).unwrap();
-            subs.push((subscribe(metrics.clone(), *events_port, *replay_port, vec![endpoints[i].clone()]).await, metrics));
-        }
-        // Give the SUB sockets time to connect before the first event (a slow joiner would be
-        // replayed anyway).
+        let a = endpoint("a", &engines[0]);
+        let b = endpoint("b", &engines[1]);
+        let metrics = KvEventsMetrics::register(&prometheus::Registry::new()).unwrap();
+        let (endpoints_tx, endpoints) = watch::channel(vec![a.clone(), b.clone()]);
+        let (tx, rx) = mpsc::channel(1024);
+        let mut config = SubscriberConfig::new(Topology::Connect {
+            address: format!("ipc://{dir}/{{id}}-events.sock"),
+        });
+        config.replay_address = Some(format!("ipc://{dir}/{{id}}-replay.sock"));
+        let _sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone())
+            .await
+            .unwrap();
+        let seen = consume(rx, metrics.clone());
+        // Give the SUB sockets a moment to connect (a batch published before would be replayed
+        // on the first one after, anyway).
         tokio::time::sleep(Duration::from_millis(500)).await;
+
         let p1 = text(31, 300);
         let p1_ids = tokenizer.encode_completion(&p1).unwrap();
-        post(&client, engines[0].1.url("/v1/completions"), json!({"model": "tiny", "prompt": p1, "max_tokens": 1})).await;
-        let seen_a = &subs[0].0 .2;
-        let held = eventually(Duration::from_secs(30), || !seen_a.lock().unwrap().index.held(&p1_ids).is_empty()).await;
-        assert!(held, "a prompt sent straight to engine a never showed in its events");
-        {
-            let s = seen_a.lock().unwrap();
-            let bs = block_size_of(&s, "a");
-            let held = s.index.held(&p1_ids);
-            assert_eq!(held.len(), 1);
-            assert_eq!((held[0].replica, held[0].blocks), ("a", p1_ids.len() / bs));
-        }
-        let seen_b = &subs[1].0 .2;
-        assert!(seen_b.lock().unwrap().index.held(&p1_ids).is_empty(), "engine b never saw the prompt");
-
-        // Drop b's subscriber, send b a prompt it cannot hear, then subscribe again from scratch:
-        // the new subscriber joins past sequence 0 and replays what b published before.
-        let (_, _, b_events, b_replay) = engines[1];
-        subs.pop();
-        let p2 = text(41, 300);
-        let p2_ids = tokenizer.encode_completion(&p2).unwrap();
-        post(&client, engines[1].1.url("/v1/completions"), json!({"model": "tiny", "prompt": p2, "max_tokens": 1})).await;
-        let metrics = KvEventsMetrics::register(&prometheus::Registry::new()).unwrap();
-        let (_sub, _tx, seen_b) = subscribe(metrics.clone(), b_events, b_replay, vec![endpoints[1].clone()]).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        // One more request to b publishes a batch with sequence > 0: the new subscriber's first.
-        let p3 = text(51, 300);
-        let p3_ids = tokenizer.encode_completion(&p3).unwrap();
-        post(&client, engines[1].1.url("/v1/completions"), json!({"model": "tiny", "prompt": p3, "max_tokens": 1})).await;
-        let both = eventually(Duration::from_secs(30), || {
-            let s = seen_b.lock().unwrap();
-            !s.index.held(&p2_ids).is_empty() && !s.index.held(&p3_ids).is_empty()
+        post(
+            &client,
+            engines[0].url("/v1/completions"),
+            json!({"model": "tiny", "prompt": p1, "max_tokens": 1}),
+        )
+        .await;
+        let held = eventually(Duration::from_secs(30), || {
+            !seen.lock().unwrap().index.held(&p1_ids).is_empty()
         })
         .await;
-        assert!(both, "the late subscriber holds p2 (replayed) and p3 (live): replays complete={} lost={} failed={}",
-            metrics.replays("complete"), metrics.replays("lost"), metrics.replays("failed"));
-        assert_eq!(metrics.replays("complete"), 1);
-        let s = seen_b.lock().unwrap();
-        let first_seqs: Vec<u64> = s.batches.iter().map(|(_, seq, _)| *seq).collect();
-        assert_eq!(first_seqs.first(), Some(&0), "replayed from the publisher's first batch: {first_seqs:?}");
-        assert!(first_seqs.windows(2).all(|w| w[1] == w[0] + 1), "batches applied in sequence order: {first_seqs:?}");
+        assert!(
+            held,
+            "a prompt sent straight to engine a never showed in its events"
+        );
+        {
+            let s = seen.lock().unwrap();
+            let bs = block_size_of(&s, "a");
+            let held = s.index.held(&p1_ids);
+            assert_eq!(held.len(), 1, "only a holds it: {held:?}");
+            assert_eq!((held[0].replica, held[0].blocks), ("a", p1_ids.len() / bs));
+        }
+
+        // b leaves the endpoint set (disconnected), gets a prompt nobody hears, and comes back:
+        // its first batch after rejoining is past sequence 0, so the subscriber replays the rest.
+        endpoints_tx.send(vec![a.clone()]).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let p2 = text(41, 300);
+        let p2_ids = tokenizer.encode_completion(&p2).unwrap();
+        post(
+            &client,
+            engines[1].url("/v1/completions"),
+            json!({"model": "tiny", "prompt": p2, "max_tokens": 1}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            seen.lock().unwrap().index.held(&p2_ids).is_empty(),
+            "b's events were heard while it was out of the set"
+        );
+        endpoints_tx.send(vec![a.clone(), b.clone()]).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let p3 = text(51, 300);
+        let p3_ids = tokenizer.encode_completion(&p3).unwrap();
+        post(
+            &client,
+            engines[1].url("/v1/completions"),
+            json!({"model": "tiny", "prompt": p3, "max_tokens": 1}),
+        )
+        .await;
+        let both = eventually(Duration::from_secs(30), || {
+            let s = seen.lock().unwrap();
+            s.index.held(&p2_ids).iter().any(|h| h.replica == "b")
+                && s.index.held(&p3_ids).iter().any(|h| h.replica == "b")
+        })
+        .await;
+        assert!(
+            both,
+            "b holds p2 (replayed) and p3 (live); replays complete={} lost={} failed={}",
+            metrics.replays("complete"),
+            metrics.replays("lost"),
+            metrics.replays("failed")
+        );
+        assert!(metrics.replays("complete") >= 1);
+        let s = seen.lock().unwrap();
+        let b_seqs: Vec<u64> = s
+            .batches
+            .iter()
+            .filter(|(r, _, _)| r == "b")
+            .map(|(_, seq, _)| *seq)
+            .collect();
+        let rejoined = b_seqs
+            .iter()
+            .rposition(|&q| q == 0)
+            .expect("b's batches replayed from 0");
+        assert!(
+            b_seqs[rejoined..].windows(2).all(|w| w[1] == w[0] + 1),
+            "after rejoining, b's batches are applied in sequence order: {b_seqs:?}"
+        );
+        assert!(
+            s.index.held(&p1_ids).iter().all(|h| h.replica == "a"),
+            "a's prompt is a's alone"
+        );
     });
 }
 
