@@ -422,3 +422,202 @@ fn kind(v: &Value) -> &'static str {
         Value::Ext(..) => "an extension",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pack(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, v).unwrap();
+        out
+    }
+
+    fn s(x: &str) -> Value {
+        Value::from(x)
+    }
+
+    fn map(pairs: Vec<(&str, Value)>) -> Value {
+        Value::Map(pairs.into_iter().map(|(k, v)| (s(k), v)).collect())
+    }
+
+    fn stored_map(extra: Vec<(&str, Value)>) -> Value {
+        let mut pairs = vec![
+            ("type", s("BlockStored")),
+            (
+                "block_hashes",
+                Value::Array(vec![Value::from(1u64), Value::from(u64::MAX)]),
+            ),
+            ("parent_block_hash", Value::Nil),
+            (
+                "token_ids",
+                Value::Array((0..4u32).map(Value::from).collect()),
+            ),
+            ("block_size", Value::from(2)),
+            ("lora_id", Value::Nil),
+            ("medium", s("GPU")),
+            ("lora_name", Value::Nil),
+        ];
+        pairs.extend(extra);
+        map(pairs)
+    }
+
+    #[test]
+    fn an_array_batch_of_tagged_map_events_decodes_as_vllm_0_32_sends_it() {
+        let batch = Value::Array(vec![
+            Value::F64(12.5),
+            Value::Array(vec![
+                stored_map(vec![(
+                    "extra_keys",
+                    Value::Array(vec![Value::Nil, Value::Nil]),
+                )]),
+                map(vec![
+                    ("type", s("BlockRemoved")),
+                    (
+                        "block_hashes",
+                        Value::Array(vec![Value::Binary(vec![0xab; 32])]),
+                    ),
+                    ("medium", Value::Nil),
+                ]),
+                map(vec![("type", s("AllBlocksCleared"))]),
+            ]),
+            Value::from(0),
+        ]);
+        let b = decode(&pack(&batch)).unwrap();
+        assert_eq!(b.ts, 12.5);
+        assert_eq!(b.data_parallel_rank, Some(0));
+        assert_eq!(b.unknown_fields, 0);
+        let Event::BlockStored(st) = &b.events[0] else {
+            panic!("{:?}", b.events[0])
+        };
+        assert_eq!(
+            st.block_hashes,
+            vec![BlockHash::Int(1), BlockHash::Int(u64::MAX)]
+        );
+        assert_eq!(st.token_ids, vec![0, 1, 2, 3]);
+        assert_eq!((st.block_size, st.medium.as_deref()), (2, Some("GPU")));
+        assert!(!st.has_extra_keys, "a list of nulls is no extra keys");
+        let Event::BlockRemoved(r) = &b.events[1] else {
+            panic!()
+        };
+        assert_eq!(r.block_hashes[0].as_u64(), 0xabab_abab_abab_abab);
+        assert_eq!(b.events[2], Event::AllBlocksCleared);
+    }
+
+    #[test]
+    fn a_map_batch_and_array_events_decode_too() {
+        let event = Value::Array(vec![
+            s("BlockStored"),
+            Value::Array(vec![Value::from(-1i64)]),
+            Value::from(7u64),
+            Value::Array(vec![Value::from(5u32), Value::from(6u32)]),
+            Value::from(2),
+            Value::Nil,
+            s("CPU"),
+            Value::Nil,
+            Value::Array(vec![Value::Array(vec![s("salt")])]),
+            Value::from(1),
+        ]);
+        let batch = map(vec![
+            ("ts", Value::from(3)),
+            ("events", Value::Array(vec![event])),
+        ]);
+        let b = decode(&pack(&batch)).unwrap();
+        assert_eq!(b.data_parallel_rank, None);
+        let Event::BlockStored(st) = &b.events[0] else {
+            panic!()
+        };
+        assert_eq!(
+            st.block_hashes,
+            vec![BlockHash::Int(u64::MAX)],
+            "-1 as its bits"
+        );
+        assert_eq!(st.parent_block_hash, Some(BlockHash::Int(7)));
+        assert_eq!(st.medium.as_deref(), Some("CPU"));
+        assert!(st.has_extra_keys);
+        assert_eq!(st.group_idx, Some(1));
+    }
+
+    #[test]
+    fn unknown_event_types_and_fields_are_kept_and_counted() {
+        let batch = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![
+                map(vec![("type", s("BlockPinned")), ("x", Value::from(1))]),
+                stored_map(vec![("session_id", s("s")), ("future", Value::from(2))]),
+                Value::from(42),
+                map(vec![("no_type", Value::Nil)]),
+            ]),
+            Value::Nil,
+            s("a fourth batch field"),
+        ]);
+        let b = decode(&pack(&batch)).unwrap();
+        assert_eq!(b.events[0], Event::Unknown("BlockPinned".into()));
+        assert!(matches!(b.events[1], Event::BlockStored(_)));
+        assert_eq!(b.events[2], Event::Unknown("?".into()));
+        assert_eq!(b.events[3], Event::Unknown("?".into()));
+        assert_eq!(b.unknown_events(), 3);
+        assert_eq!(
+            b.unknown_fields, 3,
+            "session_id, future, the batch's fourth field"
+        );
+    }
+
+    #[test]
+    fn known_events_of_the_wrong_shape_are_errors() {
+        for bad in [
+            stored_map(vec![("token_ids", s("no"))]),
+            stored_map(vec![("block_size", Value::from(0))]),
+            stored_map(vec![("extra_keys", Value::from(1))]),
+            map(vec![
+                ("type", s("BlockRemoved")),
+                ("block_hashes", Value::Nil),
+            ]),
+        ] {
+            // A later duplicate key is not seen by `take` (the first wins): put bad fields first.
+            let bad = match bad {
+                Value::Map(mut pairs) => {
+                    pairs.reverse();
+                    Value::Map(pairs)
+                }
+                v => v,
+            };
+            let batch = Value::Array(vec![Value::F64(1.0), Value::Array(vec![bad])]);
+            let err = decode(&pack(&batch)).unwrap_err();
+            assert_eq!(err.metric_label(), "shape", "{err}");
+        }
+        assert_eq!(decode(&pack(&s("x"))).unwrap_err().metric_label(), "shape");
+        assert_eq!(decode(&[]).unwrap_err().metric_label(), "msgpack");
+    }
+
+    #[test]
+    fn frames_and_sequence_numbers_are_checked() {
+        let payload = pack(&Value::Array(vec![Value::F64(1.0), Value::Array(vec![])]));
+        let m =
+            decode_message(&[b"t".to_vec(), 5u64.to_be_bytes().to_vec(), payload.clone()]).unwrap();
+        assert_eq!((m.topic.as_slice(), m.seq), (&b"t"[..], 5));
+        assert_eq!(
+            decode_message(&[b"t".to_vec(), vec![1, 2], payload.clone()]).unwrap_err(),
+            DecodeError::SeqFrame(2)
+        );
+        assert_eq!(
+            decode_message(&[payload]).unwrap_err(),
+            DecodeError::Frames(1)
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_overflowed() {
+        let mut bytes = vec![0x91; 100_000]; // 100,000 nested one-element arrays
+        bytes.push(0xc0);
+        assert_eq!(decode(&bytes).unwrap_err().metric_label(), "msgpack");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+        }
+    }
+}
