@@ -572,3 +572,162 @@ fn engine_load_is_scraped_from_vllms_metrics() {
             .is_err());
     });
 }
+
+#[test]
+fn a_gap_in_sequence_numbers_is_replayed_and_without_replay_the_replica_is_cleared() {
+    let _lock = engine_lock();
+    let rt = runtime();
+    // The engine binds its publisher (connect topology); the subscriber reaches it through a
+    // relay that can cut the connection. A bound ZMQ publisher drops what it publishes while a
+    // subscriber is away, so the batches of a cut are really lost. (In the bind topology the
+    // engine's connecting publisher queues for a lost connection and resends after it, so a
+    // short cut loses nothing there.)
+    let sockets = tempfile::tempdir().unwrap();
+    let dir = sockets.path().display().to_string();
+    let relay = rt.block_on(common::Relay::start(format!("unix:{dir}/events.sock")));
+    let vllm = Vllm::start(VllmOptions {
+        port: free_port(),
+        kv_events: Some(json!({
+            "enable_kv_cache_events": true,
+            "publisher": "zmq",
+            "endpoint": format!("ipc://{dir}/events.sock"),
+            "replay_endpoint": format!("ipc://{dir}/replay.sock"),
+            "topic": "kv",
+        })),
+        ..VllmOptions::default()
+    });
+    rt.block_on(async {
+        let tokenizer = Tokenizer::from_dir(&model_dir()).unwrap();
+        let client = reqwest::Client::new();
+        let complete = |p: String| {
+            let client = client.clone();
+            let url = vllm.url("/v1/completions");
+            async move {
+                post(
+                    &client,
+                    url,
+                    json!({"model": "tiny", "prompt": p, "max_tokens": 1}),
+                )
+                .await
+            }
+        };
+        let holds = |seen: &Shared, ids: &[u32]| {
+            seen.lock()
+                .unwrap()
+                .index
+                .held(ids)
+                .iter()
+                .any(|h| h.replica == "g")
+        };
+        let subscribe = |replay: bool| {
+            let (endpoints_tx, endpoints) = watch::channel(vec![endpoint("g", &vllm)]);
+            let (tx, rx) = mpsc::channel(1024);
+            let mut config = SubscriberConfig::new(Topology::Connect {
+                address: format!("tcp://{{host}}:{}", relay.port),
+            });
+            config.replay_address = replay.then(|| format!("ipc://{dir}/replay.sock"));
+            config.replay_on_join = false;
+            let metrics = KvEventsMetrics::register(&prometheus::Registry::new()).unwrap();
+            async move {
+                let sub = KvEventsSubscriber::spawn(config, endpoints, tx, metrics.clone())
+                    .await
+                    .unwrap();
+                let seen = consume(rx, metrics.clone());
+                (sub, endpoints_tx, seen, metrics)
+            }
+        };
+        let prompt = |seed| {
+            let p = text(seed, 300);
+            let ids = tokenizer.encode_completion(&p).unwrap();
+            (p, ids)
+        };
+        // Cuts the relay, has the engine publish `lost` while cut, restores it, then sends
+        // prompts (at most 20) until the subscriber reports a gap; the last prompt's ids.
+        let cut_and_resume =
+            |metrics: KvEventsMetrics, seen: Shared, lost: String, first_seed: usize| {
+                let relay = &relay;
+                let complete = &complete;
+                let prompt = &prompt;
+                async move {
+                    relay.cut();
+                    complete(lost).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    relay.restore();
+                    let mut last = Vec::new();
+                    for seed in first_seed..first_seed + 20 {
+                        let (p, ids) = prompt(seed);
+                        complete(p).await;
+                        last = ids;
+                        if eventually(Duration::from_secs(2), || metrics.gaps() > 0).await {
+                            break;
+                        }
+                    }
+                    assert_eq!(
+                        metrics.gaps(),
+                        1,
+                        "one gap after the cut; batches {:?}",
+                        seen.lock()
+                            .unwrap()
+                            .batches
+                            .iter()
+                            .map(|(_, q, _)| *q)
+                            .collect::<Vec<_>>()
+                    );
+                    assert!(
+                        eventually(Duration::from_secs(30), || holds(&seen, &last)).await,
+                        "the live batch after the gap is applied"
+                    );
+                }
+            };
+
+        // With replay: the batch lost in the cut comes back from the replay socket, in order.
+        let (sub, _tx, seen, metrics) = subscribe(true).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (p1, p1_ids) = prompt(61);
+        complete(p1).await;
+        assert!(
+            eventually(Duration::from_secs(30), || holds(&seen, &p1_ids)).await,
+            "p1 heard"
+        );
+        let (p2, p2_ids) = prompt(62);
+        cut_and_resume(metrics.clone(), seen.clone(), p2, 63).await;
+        assert_eq!(
+            (
+                metrics.replays("complete"),
+                metrics.replays("lost"),
+                metrics.replays("failed")
+            ),
+            (1, 0, 0)
+        );
+        assert!(holds(&seen, &p2_ids), "p2 came back through the replay");
+        assert!(holds(&seen, &p1_ids), "nothing was cleared");
+        {
+            let s = seen.lock().unwrap();
+            let seqs: Vec<u64> = s.batches.iter().map(|(_, q, _)| *q).collect();
+            assert!(
+                seqs.windows(2).all(|w| w[1] == w[0] + 1),
+                "applied in order, none missing: {seqs:?}"
+            );
+            assert!(s.clears.is_empty());
+        }
+        drop(sub);
+
+        // Without replay: the replica's state after a gap is unknowable, so it is cleared first.
+        let (_sub, _tx, seen, metrics) = subscribe(false).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (p4, p4_ids) = prompt(81);
+        complete(p4).await;
+        assert!(
+            eventually(Duration::from_secs(30), || holds(&seen, &p4_ids)).await,
+            "p4 heard by the second subscriber"
+        );
+        cut_and_resume(metrics.clone(), seen.clone(), prompt(82).0, 83).await;
+        assert_eq!(metrics.resets("lost"), 1);
+        assert!(
+            !holds(&seen, &p4_ids),
+            "what was held before the gap was cleared"
+        );
+    });
+    drop(vllm);
+    drop(relay);
+}

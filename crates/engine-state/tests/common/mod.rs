@@ -200,3 +200,71 @@ impl Drop for Vllm {
         let _ = self.child.wait();
     }
 }
+
+/// A loopback TCP relay to another address that can cut every connection and refuse new ones
+/// for a while: messages a publisher sends meanwhile are lost, as in a network blip. Plumbing
+/// between a real engine and the subscriber, not a stand-in for either.
+pub struct Relay {
+    pub port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Listens on 127.0.0.1 and relays each connection to `target`: `host:port`, or
+    /// `unix:PATH` for a Unix socket (a ZMQ `ipc://` endpoint).
+    pub async fn start(target: String) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let (o, c) = (open.clone(), conns.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let target = target.clone();
+                let task = tokio::spawn(async move {
+                    if let Some(path) = target.strip_prefix("unix:") {
+                        if let Ok(mut outbound) = tokio::net::UnixStream::connect(path).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    } else if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                c.lock().unwrap().push(task);
+            }
+        });
+        Relay {
+            port,
+            open,
+            conns,
+            accept,
+        }
+    }
+
+    /// Cuts every connection and refuses new ones until [`Relay::restore`].
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
