@@ -68,10 +68,11 @@ pub struct IndexConfig {
 }
 
 impl Default for IndexConfig {
-    /// 1,048,576 blocks per replica: more than a GPU engine's KV cache holds at 16 tokens a block.
+    /// 262,144 blocks per replica (4 M tokens at 16 a block; about 25 MB of index at about 100
+    /// bytes a block).
     fn default() -> Self {
         IndexConfig {
-            capacity_per_replica: 1 << 20,
+            capacity_per_replica: 1 << 18,
         }
     }
 }
@@ -227,6 +228,12 @@ impl EngineIndex {
             Some(&slot) => self.clear_slot(slot),
             None => 0,
         }
+    }
+
+    /// Drops what every replica holds (a weight update fleet-wide). Returns the blocks dropped.
+    pub fn clear_all(&mut self) -> usize {
+        let slots: Vec<Slot> = self.by_id.values().copied().collect();
+        slots.into_iter().map(|s| self.clear_slot(s)).sum()
     }
 
     /// Forgets `replica` entirely (it left the fleet).
@@ -679,6 +686,8 @@ mod tests {
         assert_eq!(report.cleared, 1);
         assert_eq!(runs(&index, &p), HashMap::from([("b".to_owned(), 2)]));
         assert_eq!(index.clear("b"), 2);
+        index.apply("b", &batch(vec![stored(&p, 4, 0)]));
+        assert_eq!(index.clear_all(), 2);
         assert!(index.held(&p).is_empty());
         assert_eq!(index.replicas().count(), 2, "cleared replicas stay known");
         index.remove_replica("a");
