@@ -136,8 +136,9 @@ impl Held<'_> {
 }
 
 type Slot = u32;
-/// A block's identity on one replica: the engine's 64-bit hash and the medium's id.
-type EngineBlock = (u64, u8);
+/// A block's identity on one replica: the engine's 64-bit hash, the medium's id, and the
+/// data-parallel rank that holds it (ranks past 255 share 255).
+type EngineBlock = (u64, u8, u8);
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -197,13 +198,18 @@ impl EngineIndex {
     }
 
     /// Applies one decoded batch from `replica`'s engine, in order; the replica is added when new.
+    /// With data parallelism, each rank's blocks are kept apart (the rank is in the batch) and
+    /// the replica holds a block while any rank does.
     pub fn apply(&mut self, replica: &str, batch: &Batch) -> ApplyReport {
         let slot = self.slot_for(replica);
+        let rank = batch
+            .data_parallel_rank
+            .map_or(0, |r| r.clamp(0, 255) as u8);
         let mut report = ApplyReport::default();
         for event in &batch.events {
             let r = match event {
-                Event::BlockStored(s) => self.store(slot, s),
-                Event::BlockRemoved(r) => self.remove(slot, r),
+                Event::BlockStored(s) => self.store(slot, rank, s),
+                Event::BlockRemoved(r) => self.remove(slot, rank, r),
                 Event::AllBlocksCleared => {
                     self.clear_slot(slot);
                     ApplyReport {
@@ -373,7 +379,7 @@ impl EngineIndex {
         }
     }
 
-    fn store(&mut self, slot: Slot, ev: &BlockStored) -> ApplyReport {
+    fn store(&mut self, slot: Slot, rank: u8, ev: &BlockStored) -> ApplyReport {
         let n = ev.block_hashes.len() as u64;
         let mut report = ApplyReport::default();
         if ev.lora_name.is_some() || ev.has_extra_keys {
@@ -407,7 +413,7 @@ impl EngineIndex {
         }
         let mut parent = match &ev.parent_block_hash {
             None => None,
-            Some(h) => match self.key_of(slot, h.as_u64()) {
+            Some(h) => match self.key_of(slot, h.as_u64(), rank) {
                 Some(key) => Some(key),
                 None => {
                     report.unknown_parent = n;
@@ -419,7 +425,7 @@ impl EngineIndex {
             let key = block_key(parent, block);
             let root = parent.is_none();
             parent = Some(key);
-            let evicted = self.insert(slot, (hash.as_u64(), medium), key, root, cap);
+            let evicted = self.insert(slot, (hash.as_u64(), medium, rank), key, root, cap);
             report.evicted_at_capacity += evicted;
             report.stored += 1;
         }
@@ -471,10 +477,12 @@ impl EngineIndex {
         evicted
     }
 
-    /// Our key for an engine hash this replica holds, in whichever medium (the key is the same).
-    fn key_of(&self, slot: Slot, hash: u64) -> Option<BlockKey> {
+    /// Our key for an engine hash this replica's `rank` holds, in whichever medium (the key is
+    /// the same in each).
+    fn key_of(&self, slot: Slot, hash: u64, rank: u8) -> Option<BlockKey> {
         let replica = self.slot_ref(slot);
-        (0..=(MAX_MEDIA + 1) as u8).find_map(|m| replica.entries.get(&(hash, m)).map(|e| e.key))
+        (0..=(MAX_MEDIA + 1) as u8)
+            .find_map(|m| replica.entries.get(&(hash, m, rank)).map(|e| e.key))
     }
 
     fn slot_ref(&self, slot: Slot) -> &Replica {
@@ -511,7 +519,7 @@ impl EngineIndex {
         true
     }
 
-    fn remove(&mut self, slot: Slot, ev: &BlockRemoved) -> ApplyReport {
+    fn remove(&mut self, slot: Slot, rank: u8, ev: &BlockRemoved) -> ApplyReport {
         let mut report = ApplyReport::default();
         if ev.group_idx.unwrap_or(0) != 0 {
             report.skipped_other_group = ev.block_hashes.len() as u64;
@@ -519,7 +527,7 @@ impl EngineIndex {
         }
         let medium = self.medium_id(ev.medium.as_deref());
         for h in &ev.block_hashes {
-            if self.drop_block(slot, (h.as_u64(), medium)) {
+            if self.drop_block(slot, (h.as_u64(), medium, rank)) {
                 report.removed += 1;
             } else {
                 report.removed_unknown += 1;
@@ -786,6 +794,28 @@ mod tests {
         assert_eq!(runs(&index, &p), HashMap::from([("a".to_owned(), 2)]));
         index.apply("a", &batch(vec![removed(&[&p[..4]], Some("CPU"))]));
         assert!(index.held(&p).is_empty());
+    }
+
+    #[test]
+    fn data_parallel_ranks_hold_their_blocks_apart_and_the_replica_holds_what_any_rank_does() {
+        let mut index = EngineIndex::new(IndexConfig::default());
+        let p = prompt(14, 8);
+        let on_rank = |rank, events| Batch {
+            data_parallel_rank: Some(rank),
+            ..batch(events)
+        };
+        index.apply("a", &on_rank(0, vec![stored(&p, 4, 0)]));
+        index.apply("a", &on_rank(1, vec![stored(&p, 4, 0)]));
+        assert_eq!(index.blocks_held("a"), 4);
+        // Rank 0 evicts the second block; rank 1 still has it.
+        index.apply("a", &on_rank(0, vec![removed(&[&p[..8]], None)]));
+        assert_eq!(runs(&index, &p), HashMap::from([("a".to_owned(), 2)]));
+        index.apply("a", &on_rank(1, vec![removed(&[&p[..8]], None)]));
+        assert_eq!(runs(&index, &p), HashMap::from([("a".to_owned(), 1)]));
+        // A child on rank 1 whose parent only rank 0 holds is an unknown parent on rank 1.
+        index.apply("a", &on_rank(1, vec![removed(&[&p[..4]], None)]));
+        let report = index.apply("a", &on_rank(1, vec![stored(&p, 4, 1)]));
+        assert_eq!(report.unknown_parent, 1);
     }
 
     #[test]

@@ -80,6 +80,10 @@ pub struct SubscriberConfig {
     /// On first hearing a publisher whose sequence is past 0, replay what it sent before (a
     /// producer that starts, or a follower that fails over, starts warm).
     pub replay_on_join: bool,
+    /// The engines' data-parallel size: in the connect topology, rank r's publisher is followed
+    /// at the address's TCP port plus r, as vLLM offsets it (in the bind topology every rank
+    /// connects by itself).
+    pub data_parallel_size: u16,
 }
 
 impl SubscriberConfig {
@@ -92,6 +96,7 @@ impl SubscriberConfig {
             replay_timeout: Duration::from_secs(2),
             max_replay_batches: 10_000,
             replay_on_join: true,
+            data_parallel_size: 1,
         }
     }
 }
@@ -314,8 +319,40 @@ impl Drop for KvEventsSubscriber {
 /// One publisher's ordering state and replay address.
 struct Stream {
     replica: String,
+    /// Rank 0's replay address (rank r's is derived, as vLLM derives it).
     replay: Option<String>,
-    tracker: SeqTracker,
+    /// One tracker per data-parallel rank: each rank publishes its own sequence.
+    trackers: HashMap<i64, SeqTracker>,
+}
+
+impl Stream {
+    fn new(replica: String, replay: Option<String>) -> Self {
+        Stream {
+            replica,
+            replay,
+            trackers: HashMap::new(),
+        }
+    }
+}
+
+/// vLLM's address for data-parallel rank `rank` of a publisher or replay socket configured at
+/// `address`: the TCP port plus the rank, or `_dp{rank}` after an `inproc` name (vLLM refuses
+/// `ipc` with more than one rank).
+pub fn rank_address(address: &str, rank: i64) -> String {
+    if rank <= 0 {
+        return address.to_owned();
+    }
+    if address.contains("inproc") {
+        return format!("{address}_dp{rank}");
+    }
+    if address.starts_with("tcp://") {
+        if let Some((base, port)) = address.rsplit_once(':') {
+            if let Ok(port) = port.parse::<i64>() {
+                return format!("{base}:{}", port + rank);
+            }
+        }
+    }
+    address.to_owned()
 }
 
 /// What the per-publisher handling needs.
@@ -432,10 +469,11 @@ async fn run_bound(
             ctx.metrics.unknown_topics.inc();
             continue;
         };
-        let stream = streams.entry(topic.clone()).or_insert_with(|| Stream {
-            replica: topic,
-            replay: ctx.config.replay_address.as_deref().map(|t| ep.address(t)),
-            tracker: SeqTracker::new(),
+        let stream = streams.entry(topic.clone()).or_insert_with(|| {
+            Stream::new(
+                topic,
+                ctx.config.replay_address.as_deref().map(|t| ep.address(t)),
+            )
         });
         if handle(&ctx, stream, &frames).await.is_err() {
             return;
@@ -489,20 +527,22 @@ async fn follow_endpoint(ep: EngineEndpoint, template: String, ctx: std::sync::A
     let address = ep.address(&template);
     let mut socket = zeromq::SubSocket::new();
     // Retries with backoff until the engine's publisher is up (the socket reconnects by itself
-    // after that).
-    if let Err(e) = socket.connect(&address).await {
-        tracing::warn!(endpoint = %ep.id, %address, error = %e, "kv events: cannot connect");
-        return;
+    // after that). One connection per data-parallel rank.
+    for rank in 0..i64::from(ctx.config.data_parallel_size.max(1)) {
+        let address = rank_address(&address, rank);
+        if let Err(e) = socket.connect(&address).await {
+            tracing::warn!(endpoint = %ep.id, %address, error = %e, "kv events: cannot connect");
+            return;
+        }
     }
     if let Err(e) = socket.subscribe("").await {
         tracing::warn!(endpoint = %ep.id, error = %e, "kv events: cannot subscribe");
         return;
     }
-    let mut stream = Stream {
-        replica: ep.id.clone(),
-        replay: ctx.config.replay_address.as_deref().map(|t| ep.address(t)),
-        tracker: SeqTracker::new(),
-    };
+    let mut stream = Stream::new(
+        ep.id.clone(),
+        ctx.config.replay_address.as_deref().map(|t| ep.address(t)),
+    );
     loop {
         let frames = match socket.recv().await {
             Ok(m) => frames(m),
@@ -539,19 +579,26 @@ async fn handle(ctx: &Ctx, stream: &mut Stream, frames: &[Bytes]) -> Result<(), 
             return Ok(());
         }
     };
-    match stream.tracker.observe(seq) {
+    // Decoded first: the data-parallel rank whose sequence this is lives in the batch.
+    let batch = match decode(payload) {
+        Ok(batch) => batch,
+        Err(e) => return undecodable(ctx, stream, seq, e).await,
+    };
+    let rank = batch.data_parallel_rank.unwrap_or(0);
+    let status = stream.trackers.entry(rank).or_default().observe(seq);
+    match status {
         SeqStatus::InOrder => {}
         SeqStatus::First { missed } => {
             if !missed.is_empty() && ctx.config.replay_on_join {
                 // Starting from nothing: whatever comes back helps, nothing needs clearing.
-                if let Some(batches) = replay(ctx, stream, &missed).await {
+                if let Some(batches) = replay(ctx, stream, rank, &missed).await {
                     deliver_all(ctx, stream, batches).await?;
                 }
             }
         }
         SeqStatus::Gap { missing } => {
             ctx.metrics.gaps.inc();
-            let replayed = replay(ctx, stream, &missing).await;
+            let replayed = replay(ctx, stream, rank, &missing).await;
             let complete = replayed.as_ref().is_some_and(|b| {
                 let seqs: Vec<u64> = b.iter().map(|(s, _)| *s).collect();
                 judge_replay(&missing, &seqs) == ReplayOutcome::Complete
@@ -565,13 +612,39 @@ async fn handle(ctx: &Ctx, stream: &mut Stream, frames: &[Bytes]) -> Result<(), 
         SeqStatus::Restarted { missed } => {
             clear(ctx, stream, ClearReason::Restarted).await?;
             if !missed.is_empty() {
-                if let Some(batches) = replay(ctx, stream, &missed).await {
+                if let Some(batches) = replay(ctx, stream, rank, &missed).await {
                     deliver_all(ctx, stream, batches).await?;
                 }
             }
         }
     }
-    deliver(ctx, stream, seq, payload).await
+    deliver_batch(ctx, stream, seq, batch).await
+}
+
+async fn undecodable(
+    ctx: &Ctx,
+    stream: &Stream,
+    seq: u64,
+    e: crate::decode::DecodeError,
+) -> Result<(), Closed> {
+    ctx.metrics
+        .decode_errors
+        .with_label_values(&[e.metric_label()])
+        .inc();
+    tracing::warn!(replica = %stream.replica, seq, error = %e, "kv events: undecodable batch");
+    clear(ctx, stream, ClearReason::Undecodable).await
+}
+
+async fn deliver_batch(ctx: &Ctx, stream: &Stream, seq: u64, batch: Batch) -> Result<(), Closed> {
+    ctx.metrics.record_batch(&batch);
+    ctx.sink
+        .send(EngineUpdate::Batch {
+            replica: stream.replica.clone(),
+            seq,
+            batch,
+        })
+        .await
+        .map_err(|_| Closed)
 }
 
 async fn clear(ctx: &Ctx, stream: &Stream, reason: ClearReason) -> Result<(), Closed> {
@@ -597,32 +670,21 @@ async fn deliver_all(ctx: &Ctx, stream: &Stream, batches: Vec<(u64, Bytes)>) -> 
 
 async fn deliver(ctx: &Ctx, stream: &Stream, seq: u64, payload: &[u8]) -> Result<(), Closed> {
     match decode(payload) {
-        Ok(batch) => {
-            ctx.metrics.record_batch(&batch);
-            ctx.sink
-                .send(EngineUpdate::Batch {
-                    replica: stream.replica.clone(),
-                    seq,
-                    batch,
-                })
-                .await
-                .map_err(|_| Closed)
-        }
-        Err(e) => {
-            ctx.metrics
-                .decode_errors
-                .with_label_values(&[e.metric_label()])
-                .inc();
-            tracing::warn!(replica = %stream.replica, seq, error = %e, "kv events: undecodable batch");
-            clear(ctx, stream, ClearReason::Undecodable).await
-        }
+        Ok(batch) => deliver_batch(ctx, stream, seq, batch).await,
+        Err(e) => undecodable(ctx, stream, seq, e).await,
     }
 }
 
 /// Asks the publisher's replay socket for `range`; the batches in it that came back, in order,
 /// or `None` when there is no replay port or no complete answer within the timeout.
-async fn replay(ctx: &Ctx, stream: &Stream, range: &Range<u64>) -> Option<Vec<(u64, Bytes)>> {
-    let address = stream.replay.as_ref()?;
+async fn replay(
+    ctx: &Ctx,
+    stream: &Stream,
+    rank: i64,
+    range: &Range<u64>,
+) -> Option<Vec<(u64, Bytes)>> {
+    let address = rank_address(stream.replay.as_ref()?, rank);
+    let address = &address;
     let config = &ctx.config;
     let result = tokio::time::timeout(
         config.replay_timeout,
@@ -685,4 +747,41 @@ async fn request_replay(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_addresses_follow_vllms_offsets() {
+        assert_eq!(rank_address("tcp://*:5557", 0), "tcp://*:5557");
+        assert_eq!(
+            rank_address("tcp://10.0.0.1:5557", 2),
+            "tcp://10.0.0.1:5559"
+        );
+        assert_eq!(
+            rank_address("tcp://[fd00::1]:5557", 1),
+            "tcp://[fd00::1]:5558"
+        );
+        assert_eq!(rank_address("inproc://kv", 1), "inproc://kv_dp1");
+        assert_eq!(rank_address("ipc:///run/kv.sock", 1), "ipc:///run/kv.sock");
+    }
+
+    #[test]
+    fn metrics_register_once_and_count_what_apply_reports() {
+        let registry = Registry::new();
+        let m = KvEventsMetrics::register(&registry).unwrap();
+        assert!(
+            KvEventsMetrics::register(&registry).is_err(),
+            "names are unique"
+        );
+        m.record_apply(&ApplyReport {
+            stored: 3,
+            cleared: 1,
+            ..ApplyReport::default()
+        });
+        assert_eq!(m.blocks.with_label_values(&["stored"]).get(), 3);
+        assert_eq!(m.resets("cleared"), 1);
+    }
 }
