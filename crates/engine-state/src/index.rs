@@ -23,8 +23,56 @@
 //! holders and each replica's own key set.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
 
 use crate::decode::{Batch, BlockHash, BlockRemoved, BlockStored, Event};
+
+/// Maps keyed by hashes (ours and the engine's, already uniform): a multiply-and-rotate hasher
+/// with a per-process random seed instead of SipHash, which the lookup's cost is mostly made of.
+#[derive(Clone, Copy)]
+struct HashKeyed {
+    seed: u64,
+}
+
+impl Default for HashKeyed {
+    fn default() -> Self {
+        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let seed =
+            *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64));
+        HashKeyed { seed }
+    }
+}
+
+impl BuildHasher for HashKeyed {
+    type Hasher = HashKeyedHasher;
+    fn build_hasher(&self) -> HashKeyedHasher {
+        HashKeyedHasher(self.seed)
+    }
+}
+
+struct HashKeyedHasher(u64);
+
+impl Hasher for HashKeyedHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+    fn finish(&self) -> u64 {
+        let x = self.0 ^ (self.0 >> 32);
+        x.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ (x >> 29)
+    }
+}
+
+type KeyMap<K, V> = HashMap<K, V, HashKeyed>;
 
 /// Our key for a block: a chain hash over the token ids of it and of every block before it.
 pub type BlockKey = u64;
@@ -68,8 +116,8 @@ pub struct IndexConfig {
 }
 
 impl Default for IndexConfig {
-    /// 262,144 blocks per replica (4 M tokens at 16 a block; about 25 MB of index at about 100
-    /// bytes a block).
+    /// 262,144 blocks per replica (4 M tokens at 16 a block; about 40 MB of index at the ~150
+    /// bytes a block the `index_memory` example measures).
     fn default() -> Self {
         IndexConfig {
             capacity_per_replica: 1 << 18,
@@ -151,11 +199,11 @@ struct Entry {
 struct Replica {
     id: String,
     block_size: Option<usize>,
-    entries: HashMap<EngineBlock, Entry>,
+    entries: KeyMap<EngineBlock, Entry>,
     /// Store order, oldest first, for eviction at capacity.
     order: BTreeMap<u64, EngineBlock>,
     /// Our keys held, with how many engine blocks (media) hold each.
-    keys: HashMap<BlockKey, u32>,
+    keys: KeyMap<BlockKey, u32>,
     next_stamp: u64,
 }
 
@@ -164,9 +212,9 @@ impl Replica {
         Replica {
             id,
             block_size: None,
-            entries: HashMap::new(),
+            entries: KeyMap::default(),
             order: BTreeMap::new(),
-            keys: HashMap::new(),
+            keys: KeyMap::default(),
             next_stamp: 0,
         }
     }
@@ -180,7 +228,7 @@ pub struct EngineIndex {
     free: Vec<Slot>,
     by_id: HashMap<String, Slot>,
     /// First blocks (keyed from the root seed) → the replicas holding them, sorted.
-    roots: HashMap<BlockKey, Vec<Slot>>,
+    roots: KeyMap<BlockKey, Vec<Slot>>,
     /// Replicas per block size in use.
     block_sizes: BTreeMap<usize, usize>,
     media: Vec<String>,
@@ -545,9 +593,9 @@ impl EngineIndex {
             .filter(|e| e.root)
             .map(|e| e.key)
             .collect();
-        replica.entries = HashMap::new();
+        replica.entries = KeyMap::default();
         replica.order = BTreeMap::new();
-        replica.keys = HashMap::new();
+        replica.keys = KeyMap::default();
         for key in roots {
             if let Some(holders) = self.roots.get_mut(&key) {
                 if let Ok(i) = holders.binary_search(&slot) {
