@@ -20,7 +20,7 @@
 use std::path::Path;
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value as JinjaValue};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Why a tokenizer could not be loaded or a request not tokenized.
 #[derive(Debug, thiserror::Error)]
@@ -128,7 +128,7 @@ impl Tokenizer {
             path: dir.join("tokenizer.json").display().to_string(),
             source: std::io::ErrorKind::NotFound.into(),
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes())
+        let mut inner = tokenizers::Tokenizer::from_bytes(json.as_bytes())
             .map_err(|e| TokenizerError::Load(e.to_string()))?;
         let config: Value = match read(dir, "tokenizer_config.json")? {
             Some(s) => {
@@ -136,6 +136,7 @@ impl Tokenizer {
             }
             None => Value::Object(Default::default()),
         };
+        set_bos_eos(&mut inner, &config)?;
         let mut special = serde_json::Map::new();
         for name in [
             "bos_token",
@@ -227,6 +228,63 @@ impl Tokenizer {
         let prompt = self.render_chat(messages, options)?;
         self.encode(&prompt, false)
     }
+}
+
+/// transformers (5) replaces the post-processor of `tokenizer.json` when `tokenizer_config.json`
+/// says `add_bos_token` or `add_eos_token`, or when there is none: BOS before the text when
+/// `add_bos_token`, EOS after it when `add_eos_token` (each false when absent, or when the token
+/// itself is not defined). Done here the same way, so that completions get the same ids.
+fn set_bos_eos(tok: &mut tokenizers::Tokenizer, config: &Value) -> Result<(), TokenizerError> {
+    let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
+    if !explicit && tok.get_post_processor().is_some() {
+        return Ok(());
+    }
+    let special = |flag: &str, name: &str| -> Option<(String, u32)> {
+        if !config.get(flag).and_then(Value::as_bool).unwrap_or(false) {
+            return None;
+        }
+        let text = config.get(name).and_then(token_text)?;
+        let id = tok.token_to_id(&text)?;
+        Some((text, id))
+    };
+    let (bos, eos) = (
+        special("add_bos_token", "bos_token"),
+        special("add_eos_token", "eos_token"),
+    );
+    let token =
+        |t: &(String, u32), type_id: u32| json!({"SpecialToken": {"id": t.0, "type_id": type_id}});
+    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    for (list, seqs) in [
+        (&mut single, &[("A", 0)][..]),
+        (&mut pair, &[("A", 0), ("B", 1)][..]),
+    ] {
+        for &(id, type_id) in seqs {
+            list.extend(bos.iter().map(|t| token(t, type_id)));
+            list.push(seq(id, type_id));
+            list.extend(eos.iter().map(|t| token(t, type_id)));
+        }
+    }
+    let specials: serde_json::Map<String, Value> = bos
+        .iter()
+        .chain(eos.iter())
+        .map(|(text, id)| {
+            (
+                text.clone(),
+                json!({"id": text, "ids": [id], "tokens": [text]}),
+            )
+        })
+        .collect();
+    let processor: tokenizers::processors::PostProcessorWrapper = serde_json::from_value(json!({
+        "type": "TemplateProcessing",
+        "single": single,
+        "pair": pair,
+        "special_tokens": specials,
+    }))
+    .map_err(|e| TokenizerError::Load(format!("BOS/EOS post-processor: {e}")))?;
+    tok.with_post_processor(Some(processor));
+    Ok(())
 }
 
 /// The error and its causes on one line.
@@ -397,6 +455,34 @@ mod tests {
             vec![0, 1, 2, 1, 3, 2],
             "the template's own BOS only"
         );
+    }
+
+    #[test]
+    fn add_bos_token_in_the_config_rules_the_post_processor_as_transformers_does() {
+        let dir = model_dir(None, None);
+        let write = |config: Value| {
+            std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap()
+        };
+        // The tokenizer.json adds <s>; the config says not to: no BOS.
+        write(json!({"bos_token": "<s>", "add_bos_token": false}));
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.encode_completion("hello").unwrap(), vec![2]);
+        // BOS and EOS asked for (EOS is `yes` here, a token the vocabulary has).
+        write(
+            json!({"bos_token": "<s>", "eos_token": "yes", "add_bos_token": true, "add_eos_token": true}),
+        );
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.encode_completion("hello").unwrap(), vec![0, 2, 7]);
+        assert_eq!(tok.encode("hello", false).unwrap(), vec![2]);
+        // No post-processor and no flags: nothing added.
+        let path = dir.path().join("tokenizer.json");
+        let mut json: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["post_processor"] = Value::Null;
+        std::fs::write(&path, json.to_string()).unwrap();
+        write(json!({"bos_token": "<s>"}));
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.encode_completion("hello").unwrap(), vec![2]);
     }
 
     #[test]
