@@ -3,7 +3,7 @@
 //! that text and chat requests can be matched against engine blocks keyed by token ids.
 //!
 //! Each module is one idea with its own tests:
-//! - [`decode`]: vLLM's `[topic, seq, msgpack KVEventBatch]` messages from arbitrary bytes.
+//! - [`decode`](mod@decode): vLLM's `[topic, seq, msgpack KVEventBatch]` messages from arbitrary bytes.
 //! - [`index`]: per replica, the engine blocks it holds; a request's longest held run. Pure.
 //! - [`sequence`]: gaps and restarts in a publisher's sequence numbers. Pure.
 //! - [`vllm_hash`]: vLLM's `sha256_cbor` block hash, to check our tokenization against the engine.
@@ -12,6 +12,7 @@
 //!   replay after a gap and metrics.
 //! - [`load`]: vLLM's `/metrics` load signals, parsed and scraped.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod decode;
 pub mod endpoints;
