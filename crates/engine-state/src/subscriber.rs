@@ -368,7 +368,8 @@ struct Closed;
 impl KvEventsSubscriber {
     /// Starts the subscriber: binds now (errors are returned) or connects to each endpoint of
     /// `endpoints` as it changes, and sends every update to `sink` in each replica's order. The
-    /// tasks end when `sink` is dropped or when this value is.
+    /// tasks end when this value is dropped, when `sink` is, or when the endpoints' sender is.
+    /// In the bind topology only topics that are a current endpoint's id are heard.
     pub async fn spawn(
         config: SubscriberConfig,
         endpoints: watch::Receiver<Vec<EngineEndpoint>>,
