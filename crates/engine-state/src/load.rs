@@ -1,0 +1,327 @@
+//! Engine load from vLLM's `/metrics`: requests waiting and running, and KV-cache usage, per
+//! served model; parsed from Prometheus' text format and scraped on an interval.
+//!
+//! A replica with several engines (data parallel: an `engine` label) is summed over them for the
+//! request counts and averaged for the cache usage. `vllm:gpu_cache_usage_perc` (older vLLM) is
+//! read when `vllm:kv_cache_usage_perc` is absent. Both are fractions (0 to 1) despite the name.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::endpoints::EngineEndpoint;
+
+/// One served model's load on one replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineLoad {
+    /// The `model_name` label (`None` when the metrics have none).
+    pub model: Option<String>,
+    /// `vllm:num_requests_waiting`: requests queued, not yet scheduled.
+    pub waiting: f64,
+    /// `vllm:num_requests_running`: requests in the running batch.
+    pub running: f64,
+    /// `vllm:kv_cache_usage_perc`: the fraction of KV-cache blocks in use (0 to 1).
+    pub kv_cache_usage: f64,
+}
+
+const WAITING: &str = "vllm:num_requests_waiting";
+const RUNNING: &str = "vllm:num_requests_running";
+const USAGE: &str = "vllm:kv_cache_usage_perc";
+const USAGE_OLD: &str = "vllm:gpu_cache_usage_perc";
+
+/// One parsed sample: its metric name, its labels in order, its value.
+pub type Sample<'a> = (&'a str, Vec<(String, String)>, f64);
+
+/// One sample line: `name{labels} value [timestamp]`. `None` for comments, blank lines, and lines
+/// that do not parse (tolerated: a scrape keeps what it can read).
+pub fn parse_sample(line: &str) -> Option<Sample<'_>> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(line.len());
+    let name = &line[..name_end];
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(after) = rest.strip_prefix('{') {
+        let mut chars = after.char_indices();
+        let mut key = String::new();
+        let end;
+        // Labels: key="value" pairs, values with \\, \" and \n escapes.
+        loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '}' => {
+                    end = i + 1;
+                    break;
+                }
+                ',' | ' ' => {}
+                '=' => {
+                    if chars.next()?.1 != '"' {
+                        return None;
+                    }
+                    let mut value = String::new();
+                    loop {
+                        match chars.next()?.1 {
+                            '"' => break,
+                            '\\' => match chars.next()?.1 {
+                                'n' => value.push('\n'),
+                                other => value.push(other),
+                            },
+                            other => value.push(other),
+                        }
+                    }
+                    labels.push((std::mem::take(&mut key), value));
+                }
+                other => key.push(other),
+            }
+        }
+        rest = &after[end..];
+    }
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some((name, labels, value))
+}
+
+/// The load per served model from a `/metrics` text (models in label order; empty when the text
+/// has none of the three metrics).
+pub fn parse_load(text: &str) -> Vec<EngineLoad> {
+    #[derive(Default)]
+    struct Acc {
+        waiting: f64,
+        running: f64,
+        usage: Vec<f64>,
+        usage_old: Vec<f64>,
+    }
+    let mut by_model: BTreeMap<Option<String>, Acc> = BTreeMap::new();
+    for line in text.lines() {
+        let Some((name, labels, value)) = parse_sample(line) else {
+            continue;
+        };
+        if ![WAITING, RUNNING, USAGE, USAGE_OLD].contains(&name) || !value.is_finite() {
+            continue;
+        }
+        let model = labels
+            .into_iter()
+            .find(|(k, _)| k == "model_name")
+            .map(|(_, v)| v);
+        let acc = by_model.entry(model).or_default();
+        match name {
+            WAITING => acc.waiting += value,
+            RUNNING => acc.running += value,
+            USAGE => acc.usage.push(value),
+            _ => acc.usage_old.push(value),
+        }
+    }
+    by_model
+        .into_iter()
+        .map(|(model, acc)| {
+            let usage = if acc.usage.is_empty() {
+                acc.usage_old
+            } else {
+                acc.usage
+            };
+            let kv_cache_usage = if usage.is_empty() {
+                0.0
+            } else {
+                usage.iter().sum::<f64>() / usage.len() as f64
+            };
+            EngineLoad {
+                model,
+                waiting: acc.waiting,
+                running: acc.running,
+                kv_cache_usage,
+            }
+        })
+        .collect()
+}
+
+/// Why a scrape failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// No answer within the timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The request failed (connection, body).
+    #[error("request: {0}")]
+    Http(#[from] reqwest::Error),
+    /// An answer other than 200.
+    #[error("status {0}")]
+    Status(u16),
+    /// A 200 without any of vLLM's load metrics (not a vLLM server?).
+    #[error("no vLLM load metrics in the answer")]
+    NoMetrics,
+}
+
+impl ScrapeError {
+    /// A short stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ScrapeError::Timeout(_) => "timeout",
+            ScrapeError::Http(_) => "http",
+            ScrapeError::Status(_) => "status",
+            ScrapeError::NoMetrics => "no_metrics",
+        }
+    }
+}
+
+/// Scrapes one `/metrics` URL within `timeout` and parses the load.
+pub async fn scrape_load(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<Vec<EngineLoad>, ScrapeError> {
+    let fetch = async {
+        let resp = client.get(url).send().await?;
+        if !resp.status().is_success() {
+            return Err(ScrapeError::Status(resp.status().as_u16()));
+        }
+        Ok(resp.text().await?)
+    };
+    let text = tokio::time::timeout(timeout, fetch)
+        .await
+        .map_err(|_| ScrapeError::Timeout(timeout))??;
+    let load = parse_load(&text);
+    if load.is_empty() {
+        return Err(ScrapeError::NoMetrics);
+    }
+    Ok(load)
+}
+
+/// How the scraper runs.
+#[derive(Debug, Clone)]
+pub struct LoadScraperConfig {
+    /// Time between two rounds of scrapes.
+    pub interval: Duration,
+    /// The most one scrape may take.
+    pub timeout: Duration,
+    /// The path scraped on each endpoint's HTTP port.
+    pub path: String,
+}
+
+impl Default for LoadScraperConfig {
+    /// Every second, 500 ms per scrape, `/metrics`.
+    fn default() -> Self {
+        LoadScraperConfig {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            path: "/metrics".into(),
+        }
+    }
+}
+
+/// One scrape's result for one replica.
+#[derive(Debug)]
+pub struct LoadReport {
+    /// The replica (endpoint) id.
+    pub replica: String,
+    /// Its load per model, or why it could not be read.
+    pub load: Result<Vec<EngineLoad>, ScrapeError>,
+}
+
+/// Scrapes every endpoint of `endpoints` each interval (all at once, each within the timeout) and
+/// sends one [`LoadReport`] per endpoint and round to `sink`. Stops when `sink` or the endpoints'
+/// sender is dropped; abort the handle to stop it sooner.
+pub fn spawn_load_scraper(
+    config: LoadScraperConfig,
+    mut endpoints: watch::Receiver<Vec<EngineEndpoint>>,
+    sink: mpsc::Sender<LoadReport>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut tick = tokio::time::interval(config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = endpoints.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+            let current = endpoints.borrow_and_update().clone();
+            let scrapes = current.iter().map(|ep| {
+                let url = ep.http_url(&config.path);
+                let client = &client;
+                let timeout = config.timeout;
+                async move {
+                    LoadReport {
+                        replica: ep.id.clone(),
+                        load: scrape_load(client, &url, timeout).await,
+                    }
+                }
+            });
+            for report in futures::future::join_all(scrapes).await {
+                if sink.send(report).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.75
+vllm:num_requests_waiting{model_name="other \"q\"",engine="0"} 7 1700000000000
+vllm:gpu_cache_usage_perc{model_name="other \"q\""} 0.5
+vllm:prompt_tokens_total{model_name="tiny"} 1234.0
+garbage line {{{
+"#;
+
+    #[test]
+    fn load_is_summed_over_engines_per_model_and_usage_averaged() {
+        let load = parse_load(VLLM);
+        assert_eq!(
+            load,
+            vec![
+                EngineLoad {
+                    model: Some("other \"q\"".into()),
+                    waiting: 7.0,
+                    running: 0.0,
+                    kv_cache_usage: 0.5,
+                },
+                EngineLoad {
+                    model: Some("tiny".into()),
+                    waiting: 2.0,
+                    running: 4.0,
+                    kv_cache_usage: 0.5,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn samples_parse_with_escapes_and_bad_lines_are_skipped() {
+        let (name, labels, v) = parse_sample(r#"a_b{x="1\\2",y="\n"} -Inf"#).unwrap();
+        assert_eq!(name, "a_b");
+        assert_eq!(
+            labels,
+            vec![("x".into(), "1\\2".into()), ("y".into(), "\n".into())]
+        );
+        assert_eq!(v, f64::NEG_INFINITY);
+        assert_eq!(parse_sample("plain 4").unwrap().2, 4.0);
+        for bad in ["# c", "", "x{a=\"1\"", "x{a=1} 2", "x 1e", "x{a=\"1\"}"] {
+            assert!(parse_sample(bad).is_none(), "{bad:?}");
+        }
+        assert!(parse_load("nothing here 1").is_empty());
+    }
+}
