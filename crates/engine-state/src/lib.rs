@@ -11,7 +11,6 @@
 //! - [`subscriber`]: the ZMQ subscriber (bind one endpoint, or connect to each engine), with
 //!   replay after a gap and metrics.
 //! - [`load`]: vLLM's `/metrics` load signals, parsed and scraped.
-#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod decode;

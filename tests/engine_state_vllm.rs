@@ -1,8 +1,10 @@
 //! The engine-facing pieces against real vLLM servers that these tests start and stop (see
-//! `common/mod.rs` for where vLLM and the model are found; missing is a failure, not a skip).
+//! `engine/vllm_server.rs` for where vLLM and the model are found; missing is a failure, not a
+//! skip).
 //!
 //! Each test holds the engine lock: at most two servers run at once.
 
+#[path = "engine/vllm_server.rs"]
 mod common;
 
 use std::collections::HashSet;
