@@ -8,7 +8,7 @@
 //!   router) and [`epp`] (the gateway endpoint picker, gRPC); and [`admin`] (health, metrics).
 //! - [`config_sources`]: where the config comes from (a file, a ConfigMap).
 //! - [`serve`]: the command line, the listeners, leader election and graceful shutdown;
-//!   [`listen`] serves one listener under connection limits.
+//!   [`listen`] serves one listener under connection limits, [`tls`] with TLS.
 
 pub mod admin;
 pub mod config_sources;
@@ -18,3 +18,4 @@ pub mod listen;
 pub mod proxy;
 pub mod scoring;
 pub mod serve;
+pub mod tls;

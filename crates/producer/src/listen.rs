@@ -4,7 +4,10 @@
 //! - A client must send a request's headers within `header_read_timeout`; for HTTP/1 the same
 //!   limit closes a kept-alive connection idle between requests (hyper arms it whenever it waits
 //!   for a request head).
-//! - HTTP/2 connections are pinged every `http2_keepalive` and closed when a ping goes unanswered.
+//! - HTTP/2 connections are pinged every `http2_keepalive` and closed when a ping goes unanswered;
+//!   a connection carries at most `http2_max_streams` streams at once (a gateway opens more
+//!   connections beyond), and a stream whose request does not arrive within the body timeout
+//!   is answered and closed by the endpoint picker, so idle streams cannot fill a connection.
 //! - At most `max_connections` connections are open at once; beyond, new ones wait in the
 //!   kernel's accept queue until one closes.
 //! - On shutdown, the listener stops accepting and every connection is closed gracefully: idle
@@ -21,12 +24,14 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 /// The connection limits of one listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     pub http2_keepalive: Duration,
+    pub http2_max_streams: u32,
     pub max_connections: usize,
 }
 
@@ -35,6 +40,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             header_read_timeout: Duration::from_secs(5),
             http2_keepalive: Duration::from_secs(20),
+            http2_max_streams: 256,
             max_connections: 10_000,
         }
     }
@@ -46,6 +52,7 @@ pub async fn serve(
     tcp: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -57,7 +64,8 @@ pub async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.http2_keepalive)
-        .keep_alive_timeout(limits.http2_keepalive);
+        .keep_alive_timeout(limits.http2_keepalive)
+        .max_concurrent_streams(limits.http2_max_streams);
     let builder = Arc::new(builder);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
@@ -85,18 +93,42 @@ pub async fn serve(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let timeout = limits.header_read_timeout;
+        let tls = tls.clone();
         tokio::spawn(async move {
-            // hyper's header timer starts once the protocol is known: a client that sends
-            // nothing (or half an HTTP/2 preface) must not hold the connection before that.
-            if !protocol_known(&stream, timeout).await {
-                tracing::debug!(%peer, "closed: nothing readable within the header-read timeout");
-                drop(permit);
-                return;
-            }
-            let connection = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            if let Err(error) = watcher.watch(connection).await {
+            let result = match tls {
+                // The handshake must end within the header-read timeout, as headers must.
+                Some(tls) => match tokio::time::timeout(timeout, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let connection = builder
+                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                            .into_owned();
+                        watcher.watch(connection).await
+                    }
+                    Ok(Err(error)) => {
+                        tracing::debug!(%peer, %error, "TLS handshake failed");
+                        Ok(())
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "closed: no TLS handshake within the header-read timeout");
+                        Ok(())
+                    }
+                },
+                None => {
+                    // hyper's header timer starts once the protocol is known: a client that
+                    // sends nothing (or half an HTTP/2 preface) must not hold the connection
+                    // before that.
+                    if !protocol_known(&stream, timeout).await {
+                        tracing::debug!(%peer, "closed: nothing readable within the header-read timeout");
+                        drop(permit);
+                        return;
+                    }
+                    let connection = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .into_owned();
+                    watcher.watch(connection).await
+                }
+            };
+            if let Err(error) = result {
                 tracing::debug!(%peer, %error, "connection closed with an error");
             }
             drop(permit);

@@ -13,13 +13,15 @@ use clap::{ArgGroup, Args};
 
 use crate::config_sources::{configmap, ConfigSource};
 use crate::core::limits::{
-    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
     DEFAULT_MAX_WINDOW_BYTES,
 };
 use crate::core::Limits;
 use crate::listen::ConnectionLimits;
 use crate::proxy::ProxyConfig;
 use crate::serve::Role;
+use crate::tls::{self, CertificateSource};
+use tokio_rustls::TlsAcceptor;
 
 /// Every interface, on `port`.
 fn any(port: u16) -> SocketAddr {
@@ -84,14 +86,20 @@ pub struct ServeArgs {
     /// most the config's maxBatchSize requests.)
     #[arg(long, env = "BURST_PREFIX_MAX_PLAN_REPLICAS", default_value_t = DEFAULT_MAX_PLAN_REPLICAS)]
     pub max_plan_replicas: usize,
-    /// On SIGTERM or SIGINT, exit within this many milliseconds, whatever clients hold: stop
-    /// accepting, answer the open window, close idle connections, wait for responses in flight.
+    /// On SIGTERM or SIGINT: not ready at once (and the Lease released, with
+    /// --leader-elect, so a follower takes over), the open window answered, no new
+    /// connections; requests in flight and streams run to completion for at most this many
+    /// milliseconds, then what is left is cut and the process exits 0. Keep it above your
+    /// longest completion; the pod's terminationGracePeriodSeconds must exceed it.
     #[arg(
-        long,
-        env = "BURST_PREFIX_SHUTDOWN_TIMEOUT_MS",
-        default_value_t = burst_prefix_runtime::producer::DEFAULT_SHUTDOWN_TIMEOUT_MS
+        long = flags::DRAIN_TIMEOUT_MS,
+        alias = "shutdown-timeout-ms",
+        env = "BURST_PREFIX_DRAIN_TIMEOUT_MS",
+        default_value_t = DEFAULT_DRAIN_TIMEOUT.as_millis() as u64
     )]
-    pub shutdown_timeout_ms: u64,
+    pub drain_timeout_ms: u64,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub connections: ConnectionArgs,
     #[command(flatten)]
@@ -103,6 +111,84 @@ pub struct ServeArgs {
     pub leader: LeaderArgs,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// TLS on the endpoint picker (on by default) and the API port (off by default).
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "TLS")]
+pub struct TlsArgs {
+    /// The endpoint picker's certificate chain (PEM), with --epp-tls-key; read again when it
+    /// changes (a mounted Secret). Without it the picker serves a self-signed certificate
+    /// generated at start (the gateway then skips verification, as for the reference picker).
+    #[arg(long = flags::EPP_TLS_CERT, env = "BURST_PREFIX_EPP_TLS_CERT", value_name = "FILE",
+          requires = flags::EPP_TLS_KEY, conflicts_with = flags::EPP_PLAINTEXT)]
+    pub epp_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --epp-tls-cert.
+    #[arg(long = flags::EPP_TLS_KEY, env = "BURST_PREFIX_EPP_TLS_KEY", value_name = "FILE",
+          requires = flags::EPP_TLS_CERT)]
+    pub epp_tls_key: Option<PathBuf>,
+    /// Serve the endpoint picker as plaintext HTTP/2 (h2c), for a gateway beside it in the pod
+    /// or on a trusted network.
+    #[arg(long = flags::EPP_PLAINTEXT, env = "BURST_PREFIX_EPP_PLAINTEXT")]
+    pub epp_plaintext: bool,
+    /// Serve the API port (scoring API and proxy) over TLS with this certificate chain (PEM),
+    /// with --tls-key; read again when it changes. Without it the API port is plaintext.
+    #[arg(long = flags::TLS_CERT, env = "BURST_PREFIX_TLS_CERT", value_name = "FILE",
+          requires = flags::TLS_KEY)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long = flags::TLS_KEY, env = "BURST_PREFIX_TLS_KEY", value_name = "FILE",
+          requires = flags::TLS_CERT)]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// The TLS acceptors of the API port and the endpoint picker (`None`: plaintext).
+pub struct Acceptors {
+    pub api: Option<TlsAcceptor>,
+    pub epp: Option<TlsAcceptor>,
+}
+
+impl TlsArgs {
+    /// Where the endpoint picker's certificate comes from; `None`: plaintext.
+    pub fn epp_source(&self) -> Option<CertificateSource> {
+        match (&self.epp_tls_cert, &self.epp_tls_key) {
+            _ if self.epp_plaintext => None,
+            (Some(cert), Some(key)) => Some(CertificateSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => Some(CertificateSource::SelfSigned),
+        }
+    }
+
+    /// How the endpoint picker serves, for the logs.
+    pub fn epp_description(&self) -> &'static str {
+        match self.epp_source() {
+            None => "plaintext",
+            Some(CertificateSource::SelfSigned) => "self-signed",
+            Some(CertificateSource::Files { .. }) => "files",
+        }
+    }
+
+    /// The acceptors, their certificates read (or made) now; needs a runtime (files are
+    /// reloaded in the background).
+    pub fn acceptors(&self) -> Result<Acceptors, String> {
+        let api = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::acceptor(
+                &CertificateSource::Files {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+                &[b"h2", b"http/1.1"],
+            )?),
+            _ => None,
+        };
+        let epp = self
+            .epp_source()
+            .map(|source| tls::acceptor(&source, &[b"h2"]))
+            .transpose()?;
+        Ok(Acceptors { api, epp })
+    }
 }
 
 /// Limits that keep slow or silent clients from holding the service.

@@ -1,9 +1,9 @@
 //! `burst-prefix-producer serve`: the command line ([`args`]), the wiring of config source, core
 //! and listeners ([`service`]), leader election, and graceful shutdown ([`signals`]).
 //!
-//! On SIGTERM or SIGINT every listener stops accepting connections, the open window is sealed,
-//! planned and answered at once, idle connections are closed, in-flight responses are written,
-//! and the process exits 0, within `--shutdown-timeout-ms` whatever clients hold.
+//! On SIGTERM or SIGINT the producer drains (docs/behaviour.md §11): not ready at once, the
+//! Lease released, the open window answered, no new connections, and the requests and streams
+//! in flight run to completion within `--drain-timeout-ms`; then it exits 0.
 
 pub mod args;
 pub mod service;
@@ -49,24 +49,33 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         true => Some(elect(&producer, &args.leader).await?),
         false => None,
     };
+    let tls = args.tls.acceptors()?;
     let service = Service::start(producer, args.proxy.config(), |role| Binding {
         addr: args.addr(role),
         limits: args.connections.of(role),
+        tls: match role {
+            Role::Api => tls.api.clone(),
+            Role::Epp => tls.epp.clone(),
+            Role::Admin => None,
+        },
     })
     .await?;
     tracing::info!(
         api = %service.addr(Role::Api).expect("bound"),
+        api_tls = tls.api.is_some(),
         epp = %service.addr(Role::Epp).expect("bound"),
+        epp_tls = %args.tls.epp_description(),
         admin = %service.addr(Role::Admin).expect("bound"),
         source = %service.producer.config_store().source(),
         "listening"
     );
     signals::shutdown_signal().await;
-    tracing::info!("shutting down: answering the open window");
-    service
-        .shutdown(Duration::from_millis(args.shutdown_timeout_ms))
-        .await;
+    tracing::info!("shutting down: answering the open window, then draining");
+    // The Lease first: a follower leads (and is ready) while this replica drains.
     drop(leadership);
+    service
+        .shutdown(Duration::from_millis(args.drain_timeout_ms))
+        .await;
     tracing::info!("stopped");
     Ok(())
 }

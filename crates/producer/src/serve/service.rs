@@ -9,6 +9,7 @@ use burst_prefix_runtime::flags;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 use crate::core::Producer;
 use crate::listen::{self, ConnectionLimits};
@@ -50,11 +51,12 @@ impl Role {
     }
 }
 
-/// Where a listener binds, and under which limits.
-#[derive(Clone, Copy, Debug)]
+/// Where a listener binds, under which limits, and with TLS or not.
+#[derive(Clone)]
 pub struct Binding {
     pub addr: SocketAddr,
     pub limits: ConnectionLimits,
+    pub tls: Option<TlsAcceptor>,
 }
 
 impl Binding {
@@ -63,6 +65,7 @@ impl Binding {
         Binding {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             limits: ConnectionLimits::default(),
+            tls: None,
         }
     }
 }
@@ -71,8 +74,9 @@ impl Binding {
 pub struct Service {
     pub producer: Producer,
     addrs: Vec<(Role, SocketAddr)>,
-    stop: watch::Sender<bool>,
-    servers: Vec<JoinHandle<()>>,
+    /// Per listener: what stops it accepting, and the task that serves it until its
+    /// connections are closed.
+    servers: Vec<(Role, watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl Service {
@@ -83,26 +87,27 @@ impl Service {
         proxy: ProxyConfig,
         binding: impl Fn(Role) -> Binding,
     ) -> Result<Service, String> {
-        let (stop, stopped) = watch::channel(false);
         let mut addrs = Vec::new();
         let mut servers = Vec::new();
         for role in Role::ALL {
-            let Binding { addr, limits } = binding(role);
+            let Binding { addr, limits, tls } = binding(role);
             let tcp = TcpListener::bind(addr)
                 .await
                 .map_err(|e| format!("cannot listen on --{} {addr}: {e}", role.flag()))?;
             addrs.push((role, tcp.local_addr().map_err(|e| e.to_string())?));
-            servers.push(tokio::spawn(listen::serve(
+            let (stop, stopped) = watch::channel(false);
+            let server = tokio::spawn(listen::serve(
                 tcp,
                 role.router(&producer, proxy),
                 limits,
-                stopped.clone(),
-            )));
+                tls,
+                stopped,
+            ));
+            servers.push((role, stop, server));
         }
         Ok(Service {
             producer,
             addrs,
-            stop,
             servers,
         })
     }
@@ -118,25 +123,61 @@ impl Service {
         self.addrs.iter().find(|(r, _)| *r == role).map(|(_, a)| *a)
     }
 
-    /// Stops accepting, answers the open window, closes idle connections and waits for the
-    /// responses in flight, for at most `timeout` in all.
-    pub async fn shutdown(self, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let _ = self.stop.send(true);
-        let closed = async {
-            self.producer.close().await;
-            futures::future::join_all(self.servers).await
+    /// Drains: not ready from now on (new requests are refused with `shutting_down`), the open
+    /// window is answered, the API and the endpoint picker stop accepting, idle connections
+    /// close, and the requests and streams in flight run to completion for at most `drain`;
+    /// what is still open then is cut. The admin port answers (`/readyz` 503) until the end.
+    pub async fn shutdown(self, drain: Duration) {
+        let started = tokio::time::Instant::now();
+        self.producer.close().await;
+        let (admin, serving): (Vec<_>, Vec<_>) = self
+            .servers
+            .into_iter()
+            .partition(|(role, _, _)| *role == Role::Admin);
+        for (_, stop, _) in &serving {
+            let _ = stop.send(true);
+        }
+        let in_flight = |producer: &Producer| {
+            producer.config().map_or(0, |s| {
+                s.config
+                    .endpoints
+                    .iter()
+                    .map(|e| producer.in_flight(&e.id))
+                    .sum::<u64>()
+            })
         };
-        match tokio::time::timeout_at(deadline, closed).await {
-            Ok(results) => {
-                for error in results.into_iter().filter_map(Result::err) {
-                    tracing::warn!(%error, "a listener task failed");
-                }
-            }
-            Err(_) => tracing::warn!(
-                timeout_ms = timeout.as_millis() as u64,
-                "connections still open at the shutdown timeout; exiting anyway"
+        tracing::info!(
+            in_flight = in_flight(&self.producer),
+            drain_timeout_ms = drain.as_millis() as u64,
+            "draining: no new requests; the ones in flight run to completion"
+        );
+        let mut handles: Vec<_> = serving
+            .into_iter()
+            .map(|(_, stop, server)| (stop, server))
+            .collect();
+        let drained = tokio::time::timeout_at(
+            started + drain,
+            futures::future::join_all(handles.iter_mut().map(|(_, server)| server)),
+        )
+        .await;
+        match drained {
+            Ok(_) => tracing::info!(
+                seconds = started.elapsed().as_secs_f64(),
+                "drained: every request in flight completed"
             ),
+            Err(_) => tracing::warn!(
+                in_flight = in_flight(&self.producer),
+                drain_timeout_ms = drain.as_millis() as u64,
+                "requests still in flight at the drain timeout; cut"
+            ),
+        }
+        for (_, server) in handles {
+            server.abort();
+        }
+        for (_, stop, server) in admin {
+            let _ = stop.send(true);
+            // Health and metrics answer at once: nothing to wait for but idle connections.
+            let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
         }
     }
 }
