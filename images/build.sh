@@ -81,7 +81,11 @@ RUSTFLAGS="-C target-feature=+crt-static" \
 release_dir="$root/target/$triple/release"
 
 require_static() { # <binary>
-    if readelf -l "$1" | grep -q 'program interpreter'; then
+    # The whole program header read first, then matched: `readelf | grep -q` under pipefail
+    # fails at random when grep exits at its first match and readelf dies of SIGPIPE.
+    local headers
+    headers="$(readelf -l "$1")"
+    if [[ "$headers" == *"program interpreter"* ]]; then
         echo "images: $1 is dynamically linked; a scratch image cannot run it" >&2
         exit 1
     fi

@@ -224,7 +224,12 @@ k rollout status -n "$app_ns" deployment/vllm --timeout=3m
 eventually 60 "the producer's ConfigMap does not list the 4 stub pods" check_endpoints 4
 newest="$(k get pods -n "$app_ns" -l app=vllm --sort-by=.metadata.creationTimestamp \
     -o jsonpath='{.items[-1:].metadata.name}')"
-in_producer() { curl -sf "$service_url/v1/endpoints" | grep -q "$app_ns/$newest-rank-0"; }
+# The whole answer first, then matched: `curl | grep -q` under pipefail fails when grep exits
+# at its first match and curl cannot write the rest.
+in_producer() {
+    local endpoints
+    endpoints="$(curl -sf "$service_url/v1/endpoints")" && grep -q "$app_ns/$newest-rank-0" <<<"$endpoints"
+}
 eventually 30 "the producer does not list the new pod $newest" in_producer
 log "the new stub pod $newest is an endpoint: in the ConfigMap and in the producer"
 
