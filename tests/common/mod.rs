@@ -172,7 +172,8 @@ impl Scene {
 
 /// A policy spec that selects the `app=vllm` pods on port 8000, with `extra` spec fields.
 pub fn vllm_policy(extra: Value) -> Value {
-    let mut spec = json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
+    let mut spec =
+        json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]});
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
         spec.extend(extra.clone());
     }
