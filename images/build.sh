@@ -78,7 +78,10 @@ for name in "${products[@]}"; do packages+=(-p "burst-prefix-$name" --bin "burst
 echo "images: building static release binaries (${products[*]})"
 RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --locked --target "$triple" "${packages[@]}"
-release_dir="$root/target/$triple/release"
+# Where cargo put them: its target directory, which CARGO_TARGET_DIR (or a cargo config) may
+# move out of the repository.
+target_dir="$(cargo metadata --format-version 1 --no-deps --locked | jq -r .target_directory)"
+release_dir="$target_dir/$triple/release"
 
 require_static() { # <binary>
     # The whole program header read first, then matched: `readelf | grep -q` under pipefail
