@@ -78,10 +78,17 @@ for name in "${products[@]}"; do packages+=(-p "burst-prefix-$name" --bin "burst
 echo "images: building static release binaries (${products[*]})"
 RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --locked --target "$triple" "${packages[@]}"
-release_dir="$root/target/$triple/release"
+# Where cargo put them: its target directory, which CARGO_TARGET_DIR (or a cargo config) may
+# move out of the repository.
+target_dir="$(cargo metadata --format-version 1 --no-deps --locked | jq -r .target_directory)"
+release_dir="$target_dir/$triple/release"
 
 require_static() { # <binary>
-    if readelf -l "$1" | grep -q 'program interpreter'; then
+    # The whole program header read first, then matched: `readelf | grep -q` under pipefail
+    # fails at random when grep exits at its first match and readelf dies of SIGPIPE.
+    local headers
+    headers="$(readelf -l "$1")"
+    if [[ "$headers" == *"program interpreter"* ]]; then
         echo "images: $1 is dynamically linked; a scratch image cannot run it" >&2
         exit 1
     fi

@@ -23,6 +23,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
@@ -430,6 +431,12 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
         "--set",
         "producer.allowedImagePrefixes={mirror.internal:5000/}",
         "--set",
+        "producer.networkPolicy.enabled=true",
+        "--set-json",
+        r#"producer.networkPolicy.endpointPicker=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"gateways"}}}]"#,
+        "--set-json",
+        "producer.networkPolicy.admin=[]",
+        "--set",
         "podSelector=app.kubernetes.io/component=model-server",
         "--set",
         "logFormat=text",
@@ -563,6 +570,7 @@ async fn non_default_values_render_objects_the_api_server_accepts() {
         "--producer-image-pull-secret=regcred",
         r#"--producer-resources={"limits":{"memory":"1Gi"},"requests":{"cpu":"100m","memory":"64Mi"}}"#,
         "--allowed-producer-image-prefix=mirror.internal:5000/",
+        r#"--producer-network-policy={"admin":[],"api":[{"podSelector":{}}],"endpointPicker":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"gateways"}}}]}"#,
         "--retry-max-seconds=60",
     ] {
         assert!(args.contains(&expected), "{expected} in {args:?}");
@@ -810,6 +818,18 @@ async fn bad_values_are_refused_by_the_schema_with_a_clear_message() {
                 "additional properties 'enable' not allowed",
             ],
         ),
+        // A misspelled peer field would widen the peer if it were dropped: refused.
+        (
+            "producer.networkPolicy.api[0].podSelectr.matchLabels.app=client",
+            &[
+                "/producer/networkPolicy/api/0",
+                "additional properties 'podSelectr' not allowed",
+            ],
+        ),
+        (
+            "producer.networkPolicy.admin[0].ipBlock.cidr=everyone",
+            &["/producer/networkPolicy/admin/0/ipBlock/cidr", "pattern"],
+        ),
     ];
     for (value, expected) in cases {
         let error = helm_template(control_plane, "bp", "default", &["--set", value])
@@ -902,6 +922,77 @@ async fn example_policies_pass_server_side_dry_run() {
     assert_eq!(rl.spec.planner.min_colocate_blocks, 0);
 }
 
+/// The producer's TLS and drain fields: accepted by the CRD as documented, refused (with the
+/// field and the rule's message) when they contradict each other or break a bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_and_drain_fields_pass_the_crd_and_contradictions_are_refused() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let ns = control_plane.namespace("tls-fields").await.unwrap();
+    let dry_run = |producer: Value| {
+        let policy = json!({
+            "apiVersion": "burstprefix.io/v1alpha1",
+            "kind": "BurstPrefixPolicy",
+            "metadata": {"name": "tls"},
+            "spec": vllm_policy(json!({"producer": producer})),
+        });
+        run(
+            control_plane.kubectl().args([
+                "apply",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "--namespace",
+                &ns,
+                "-f",
+                "-",
+            ]),
+            Some(&policy.to_string()),
+        )
+    };
+    let accepted = dry_run(json!({
+        "eppTls": {"secretName": "picker-cert"},
+        "apiTls": {"secretName": "api.cert-1"},
+        "drainTimeoutMs": 300_000,
+    }))
+    .unwrap_or_else(|e| panic!("refused: {e}"));
+    let policy: BurstPrefixPolicy = serde_json::from_str(&accepted).unwrap();
+    let producer = &policy.spec.producer;
+    assert_eq!(
+        producer.epp_tls.as_ref().unwrap().secret_name.as_deref(),
+        Some("picker-cert")
+    );
+    assert_eq!(producer.api_tls.as_ref().unwrap().secret_name, "api.cert-1");
+    assert_eq!(producer.drain_timeout_ms, Some(300_000));
+    dry_run(json!({"eppTls": {"plaintext": true}, "drainTimeoutMs": 0}))
+        .unwrap_or_else(|e| panic!("refused: {e}"));
+    for (producer, expected) in [
+        (
+            json!({"eppTls": {"plaintext": true, "secretName": "picker-cert"}}),
+            "plaintext and secretName exclude each other",
+        ),
+        (
+            json!({"drainTimeoutMs": 3_600_001}),
+            "spec.producer.drainTimeoutMs",
+        ),
+        (
+            json!({"drainTimeoutMs": -1}),
+            "spec.producer.drainTimeoutMs",
+        ),
+        (
+            json!({"apiTls": {"secretName": "Not_A_Secret"}}),
+            "spec.producer.apiTls.secretName",
+        ),
+        (
+            json!({"apiTls": {}}),
+            "spec.producer.apiTls.secretName: Required value",
+        ),
+    ] {
+        let error = dry_run(producer.clone()).expect_err(&format!("{producer} accepted"));
+        assert!(error.contains(expected), "{producer}: {error}");
+    }
+}
+
 /// What the operator does with the API where it watches (crates/operator/src/controller.rs and
 /// apply.rs): group, resource (`/subresource`), verbs. The chart must grant exactly these: each
 /// verb listed, and none of the others. (Leases are checked apart: the chart's own one too.)
@@ -947,6 +1038,12 @@ const OPERATOR_NEEDS: &[(&str, &str, &[&str])] = &[
     (
         "policy",
         "poddisruptionbudgets",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    // delete: a producer's NetworkPolicy once producer.networkPolicy is turned off.
+    (
+        "networking.k8s.io",
+        "networkpolicies",
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("events.k8s.io", "events", &["create", "patch"]),
@@ -1473,6 +1570,12 @@ async fn cluster_wide_install_runs_the_operator_with_the_chart_rbac_then_uninsta
     )
     .await;
     policy_reaches_the_configmap(&client, &app_ns, &operator).await;
+    assert!(
+        producer_network_policy(&client, &app_ns, "rl-producer")
+            .await
+            .is_none(),
+        "producer.networkPolicy is off by default"
+    );
 
     let scope = Scope {
         release_namespace: &release_ns,
@@ -1567,11 +1670,24 @@ async fn one_namespace_install_runs_the_operator_with_the_chart_rbac_then_uninst
     let other_ns = control_plane.namespace("chart-ns-other").await.unwrap();
     let watch = format!("watchNamespaces={{{app_ns}}}");
     install_crd(control_plane);
+    // With a NetworkPolicy per producer: the gateway's namespace may reach the endpoint
+    // picker, nobody the admin port, the default (the policy's namespace) the API.
     helm_install(
         control_plane,
         release,
         &release_ns,
-        &["--set", &watch, "--set", "crds.install=false"],
+        &[
+            "--set",
+            &watch,
+            "--set",
+            "crds.install=false",
+            "--set",
+            "producer.networkPolicy.enabled=true",
+            "--set-json",
+            GATEWAY_PEERS,
+            "--set-json",
+            "producer.networkPolicy.admin=[]",
+        ],
     );
     let (operator, token) = start_chart_operator(
         control_plane,
@@ -1581,6 +1697,31 @@ async fn one_namespace_install_runs_the_operator_with_the_chart_rbac_then_uninst
     )
     .await;
     policy_reaches_the_configmap(&client, &app_ns, &operator).await;
+    let network_policy = until_or_refused(&operator, "the producer's NetworkPolicy", || {
+        producer_network_policy(&client, &app_ns, "rl-producer")
+    })
+    .await;
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &app_ns)
+        .get("rl-producer")
+        .await
+        .unwrap();
+    let spec = network_policy.spec.unwrap();
+    assert_eq!(
+        spec.pod_selector,
+        Some(deployment.spec.selector),
+        "it selects the producer pods, as the Deployment does"
+    );
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+    let rules = serde_json::to_value(spec.ingress.unwrap()).unwrap();
+    assert_eq!(
+        rules,
+        json!([
+            {"ports": [{"port": 8080, "protocol": "TCP"}], "from": [{"podSelector": {}}]},
+            {"ports": [{"port": 9002, "protocol": "TCP"}],
+             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}]},
+        ]),
+        "the API open to the policy's namespace, the picker to the gateways, the admin port closed"
+    );
 
     let scope = Scope {
         release_namespace: &release_ns,
@@ -1596,7 +1737,50 @@ async fn one_namespace_install_runs_the_operator_with_the_chart_rbac_then_uninst
         mismatches.join("\n")
     );
 
+    // producer.networkPolicy turned off: the operator the upgraded chart runs deletes it.
+    drop(operator);
+    let mut upgrade = control_plane.helm();
+    upgrade
+        .args([
+            "upgrade",
+            release,
+            "--namespace",
+            &release_ns,
+            "--reuse-values",
+        ])
+        .arg(chart())
+        .args(["--set", "producer.networkPolicy.enabled=false"]);
+    run(&mut upgrade, None).unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    let (operator, _) = start_chart_operator(
+        control_plane,
+        release,
+        &release_ns,
+        "burst-prefix-ns-test-1",
+    )
+    .await;
+    until_or_refused(&operator, "the NetworkPolicy to be deleted", || async {
+        producer_network_policy(&client, &app_ns, "rl-producer")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
     drop(operator);
     delete_policies_children_are_collectable(&client, &app_ns).await;
     uninstall_leaves_only_the_crd(control_plane, release, &release_ns).await;
+}
+
+/// `producer.networkPolicy.endpointPicker`: the pods of the namespace `gateways`.
+const GATEWAY_PEERS: &str = r#"producer.networkPolicy.endpointPicker=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"gateways"}}}]"#;
+
+async fn producer_network_policy(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Option<NetworkPolicy> {
+    Api::<NetworkPolicy>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .unwrap()
 }

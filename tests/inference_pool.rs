@@ -152,7 +152,8 @@ async fn the_pool_api_is_reported_missing_then_noticed_then_used() {
         .unwrap()
         .clone();
     assert_eq!(epp["port"], 9002);
-    assert_eq!(epp["appProtocol"], "kubernetes.io/h2c");
+    // TLS by default (self-signed): HTTP/2 over TLS, GAIE's endpoint-picker convention.
+    assert_eq!(epp["appProtocol"], "http2");
     drop(operator);
     the_endpoint_picker_example_passes_the_real_schemas(control_plane).await;
 }

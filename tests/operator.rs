@@ -541,7 +541,8 @@ async fn producers_follow_the_operator_image_and_their_replicas() {
         ports,
         [
             ("http".into(), 8080, Some("http".into())),
-            ("epp".into(), 9002, Some("kubernetes.io/h2c".into())),
+            // TLS by default (self-signed): HTTP/2 over TLS, GAIE's endpoint-picker convention.
+            ("epp".into(), 9002, Some("http2".into())),
             ("metrics".into(), 9090, Some("http".into())),
         ]
     );

@@ -63,4 +63,7 @@ mkdir -p "$work/install/bin"
 mv "$built" "$work/install/bin/llama-server"
 rm -rf "$install_dir"
 mv "$work/install" "$install_dir"
-echo "llama-server: built $bin ($("$bin" --version 2>&1 | grep -m1 -i version || true))"
+# The whole --version output first, then its version line (a pipe into `grep -m1` could kill
+# the binary with SIGPIPE under pipefail).
+version_output="$("$bin" --version 2>&1 || true)"
+echo "llama-server: built $bin ($(grep -m1 -i version <<<"$version_output" || true))"

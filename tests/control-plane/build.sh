@@ -15,9 +15,36 @@
 # Usage:
 #   build.sh                  build whatever is missing (a cold build takes several minutes)
 #   build.sh --print-bin-dir  print the bin directory and exit (builds nothing)
+#   build.sh --check-version BINARY EXPECTED ARGS...
+#                             check that `BINARY ARGS...` runs and its output names EXPECTED (the
+#                             check each freshly built binary passes)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+# The first three lines of $1, on one line (for messages).
+first_lines() {
+    local -a lines
+    mapfile -t -n 3 lines <<<"$1"
+    echo "${lines[*]}"
+}
+
+# check_version <binary> <expected> <version args...>: the binary's whole output (stdout and
+# stderr) is read to its end, then matched. Never `| head`: under pipefail a binary that writes
+# more than head reads dies of SIGPIPE when head exits, and the check fails (exit 141) at random.
+check_version() {
+    local binary="$1" want="$2"
+    shift 2
+    local output
+    if ! output="$("$binary" "$@" 2>&1)"; then
+        echo "control-plane: '$binary $*' failed: $(first_lines "$output")" >&2
+        return 1
+    fi
+    if [[ "$output" != *"$want"* ]]; then
+        echo "control-plane: $binary reports '$(first_lines "$output")', expected $want" >&2
+        return 1
+    fi
+}
 
 # The module versions are the single source of truth: read them from the wrapper modules.
 module_version() { # <wrapper dir> <module path>
@@ -37,6 +64,10 @@ bin_dir="$cache_root/control-plane/k8s-${k8s_version}_etcd-${etcd_version}_helm-
 if [[ "${1:-}" == "--print-bin-dir" ]]; then
     echo "$bin_dir"
     exit 0
+elif [[ "${1:-}" == "--check-version" && $# -ge 3 ]]; then
+    shift
+    check_version "$@"
+    exit
 elif [[ $# -gt 0 ]]; then
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2
@@ -67,10 +98,8 @@ go_build() {
     echo "control-plane: building $name $want (cold build, can take several minutes on 2 cores)..."
     local start=$SECONDS
     (cd "$here/$dir" && go build -trimpath -o "$tmp" "$@" "$pkg")
-    local got
-    got="$("$tmp" "${version_cmd[@]}" 2>&1 | head -n 3)"
-    if [[ "$got" != *"$want"* ]]; then
-        echo "control-plane: $name was built but reports '$got', expected $want" >&2
+    if ! check_version "$tmp" "$want" "${version_cmd[@]}"; then
+        echo "control-plane: $name was built but does not report $want" >&2
         exit 1
     fi
     mv -f "$tmp" "$target"

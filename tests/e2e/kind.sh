@@ -48,6 +48,7 @@ for image in "${images[@]}"; do
 done
 kind load docker-image --name "$cluster" "${images[@]}"
 
-KUBECONFIG="$work/kubeconfig" E2E_WORK="$work" \
+# kind's kindnetd enforces NetworkPolicy since kind v0.24.0 (kubernetes-sigs/kind#842).
+KUBECONFIG="$work/kubeconfig" E2E_WORK="$work" E2E_NETWORK_POLICY_ENFORCED=true \
     OPERATOR_IMAGE="${images[0]}" PRODUCER_IMAGE="${images[1]}" STUB_IMAGE="${images[2]}" \
     tests/e2e/steps.sh

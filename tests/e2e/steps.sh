@@ -12,22 +12,34 @@
 # 4. Delete the producer pod: the Deployment replaces it, the new one reads its ConfigMap with
 #    its own ServiceAccount token and plans the next burst on the current pods. Scale the stub
 #    pods 3 -> 4: the new one becomes an endpoint, in the ConfigMap and in the producer.
-# 5. helm uninstall, then delete the policy's namespace: only the CRD is left.
+# 5. helm upgrade with producer.networkPolicy.enabled: the operator makes the producer's
+#    NetworkPolicy, which selects the producer pod and opens its ports to the policy's namespace
+#    only. Probe pods (the producer image as a one-endpoint proxy) in the policy's namespace and
+#    in another send a request to the producer pod's API port: the first must get through; the
+#    second must be dropped where the network plugin enforces NetworkPolicy, and gets through
+#    where it does not (the CNI bridge plugin of the test harness's node): the caller says which
+#    to expect, and the step fails when the cluster does otherwise.
+# 6. helm uninstall, then delete the policy's namespaces: only the CRD is left.
 #
 # Environment (all required but the last three):
 #   OPERATOR_IMAGE, PRODUCER_IMAGE, STUB_IMAGE   image references, already on the cluster's nodes
+#   E2E_NETWORK_POLICY_ENFORCED                   true or false: whether the cluster's network
+#                                                 plugin enforces NetworkPolicy
 #   KUBECTL, HELM                                 the clients (default: kubectl, helm)
 #   E2E_WORK                                      a scratch directory (default: a new temp dir)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-: "${OPERATOR_IMAGE:?}" "${PRODUCER_IMAGE:?}" "${STUB_IMAGE:?}"
+: "${OPERATOR_IMAGE:?}" "${PRODUCER_IMAGE:?}" "${STUB_IMAGE:?}" "${E2E_NETWORK_POLICY_ENFORCED:?}"
+[[ "$E2E_NETWORK_POLICY_ENFORCED" == true || "$E2E_NETWORK_POLICY_ENFORCED" == false ]] ||
+    { echo "E2E_NETWORK_POLICY_ENFORCED must be true or false" >&2; exit 2; }
 kubectl="${KUBECTL:-kubectl}"
 helm="${HELM:-helm}"
 work="${E2E_WORK:-$(mktemp -d)}"
 system_ns=burst-prefix-system
 app_ns=burst-prefix-e2e
+other_ns=burst-prefix-e2e-other
 release=burst-prefix
 producer=vllm-producer
 prompts=6
@@ -46,6 +58,7 @@ diagnostics() {
         log "diagnostics:"
         k get nodes,pods,deployments,services,endpointslices -A -o wide || true
         k get bpp -A -o yaml || true
+        k get networkpolicies -A -o yaml || true
         k get events -A --sort-by=.lastTimestamp | tail -40 || true
         k logs -n "$system_ns" "deployment/$release" --tail=60 || true
         k logs -n "$app_ns" "deployment/$producer" --tail=60 || true
@@ -112,6 +125,12 @@ k rollout status -n "$app_ns" deployment/vllm --timeout=3m
 sed 's/^  windowDurationMs: .*/  windowDurationMs: 1000/' examples/vllm-policy.yaml | k apply -n "$app_ns" -f -
 k wait -n "$app_ns" bpp/vllm --for=condition=Ready --timeout=3m
 k rollout status -n "$app_ns" "deployment/$producer" --timeout=3m
+# The endpoint picker serves TLS by default (appProtocol http2), and the pod has the time to
+# drain: a 1 s window + the default 120 s drain + the 10 s shutdown timeout + 5 s, in seconds.
+epp_protocol="$(k get service -n "$app_ns" "$producer" -o jsonpath='{.spec.ports[?(@.name=="epp")].appProtocol}')"
+[[ "$epp_protocol" == http2 ]] || die "the epp port's appProtocol is '$epp_protocol', not http2"
+grace="$(k get deployment -n "$app_ns" "$producer" -o jsonpath='{.spec.template.spec.terminationGracePeriodSeconds}')"
+[[ "$grace" == 136 ]] || die "the producer pods' terminationGracePeriodSeconds is '$grace', not 136"
 
 # The ConfigMap lists exactly the Running stub pods (<namespace>/<pod>-rank-0 at <podIP>:8000).
 check_endpoints() { # <expected count>
@@ -224,7 +243,12 @@ k rollout status -n "$app_ns" deployment/vllm --timeout=3m
 eventually 60 "the producer's ConfigMap does not list the 4 stub pods" check_endpoints 4
 newest="$(k get pods -n "$app_ns" -l app=vllm --sort-by=.metadata.creationTimestamp \
     -o jsonpath='{.items[-1:].metadata.name}')"
-in_producer() { curl -sf "$service_url/v1/endpoints" | grep -q "$app_ns/$newest-rank-0"; }
+# The whole answer first, then matched: `curl | grep -q` under pipefail fails when grep exits
+# at its first match and curl cannot write the rest.
+in_producer() {
+    local endpoints
+    endpoints="$(curl -sf "$service_url/v1/endpoints")" && grep -q "$app_ns/$newest-rank-0" <<<"$endpoints"
+}
 eventually 30 "the producer does not list the new pod $newest" in_producer
 log "the new stub pod $newest is an endpoint: in the ConfigMap and in the producer"
 
@@ -233,11 +257,103 @@ restarts="$(k get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.
     grep -E "^($system_ns|$app_ns)/" | awk '{ for (i = 2; i <= NF; i++) if ($i != 0) print $1 }')"
 [[ -z "$restarts" ]] || die "containers restarted: $restarts"
 
-# --- 5. uninstall ---------------------------------------------------------------------------------
-log "5. helm uninstall"
+# --- 5. the producer's NetworkPolicy --------------------------------------------------------------
+log "5. helm upgrade --set producer.networkPolicy.enabled=true"
+"$helm" upgrade "$release" charts/burst-prefix --namespace "$system_ns" --reuse-values \
+    --set producer.networkPolicy.enabled=true --wait --timeout 4m
+network_policy_made() { k get networkpolicy -n "$app_ns" "$producer" -o json >"$work/networkpolicy.json" 2>/dev/null; }
+eventually 60 "the operator made no NetworkPolicy $producer" network_policy_made
+np_selector="$(jq -c '.spec.podSelector' "$work/networkpolicy.json")"
+deployment_selector="$(k get deployment -n "$app_ns" "$producer" -o json | jq -c '.spec.selector')"
+[[ "$np_selector" == "$deployment_selector" ]] ||
+    die "the NetworkPolicy selects $np_selector, the producer Deployment $deployment_selector"
+np_labels="$(jq -r '.spec.podSelector.matchLabels | to_entries | map("\(.key)=\(.value)") | join(",")' "$work/networkpolicy.json")"
+selected="$(k get pods -n "$app_ns" -l "$np_labels" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')"
+[[ "$selected" == "$new_pod" ]] || die "the NetworkPolicy's selector picks '$selected', not the producer pod $new_pod"
+# The chart's defaults: each port (API 8080, endpoint picker 9002, admin 9090) open to the
+# policy's own namespace, ingress only.
+rules="$(jq -c '[.spec.policyTypes, [.spec.ingress[] | [.ports[].port, .from]]]' "$work/networkpolicy.json")"
+want='[["Ingress"],[[8080,[{"podSelector":{}}]],[9002,[{"podSelector":{}}]],[9090,[{"podSelector":{}}]]]]'
+[[ "$rules" == "$want" ]] || die "the NetworkPolicy says $rules, not $want"
+log "NetworkPolicy $producer selects $new_pod; ports 8080, 9002, 9090 from the pods of $app_ns only"
+
+producer_ip="$(k get pod -n "$app_ns" "$new_pod" -o jsonpath='{.status.podIP}')"
+k create namespace "$other_ns"
+# probe_pod <namespace> <name> <address>: the producer image serving a config whose one
+# endpoint is <address>, so that a request through it is a connection from that namespace.
+probe_pod() {
+    k apply -n "$1" -f - <<YAML
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: $2
+data:
+  config.yaml: |
+    endpoints:
+      - {id: target, address: "$3"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $2
+spec:
+  automountServiceAccountToken: false
+  securityContext:
+    runAsNonRoot: true
+    seccompProfile: {type: RuntimeDefault}
+  containers:
+    - name: probe
+      image: ${PRODUCER_IMAGE}
+      imagePullPolicy: Never
+      args: [serve, --config, /etc/probe/config.yaml]
+      volumeMounts: [{name: config, mountPath: /etc/probe}]
+      readinessProbe:
+        httpGet: {path: /readyz, port: 9090}
+        periodSeconds: 2
+      securityContext:
+        readOnlyRootFilesystem: true
+        allowPrivilegeEscalation: false
+        capabilities: {drop: ["ALL"]}
+  volumes:
+    - name: config
+      configMap: {name: $2}
+YAML
+}
+probe_pod "$app_ns" np-probe "$producer_ip:8080"
+probe_pod "$other_ns" np-probe "$producer_ip:8080"
+# A port nothing listens on: shows what the probe answers when it cannot connect.
+probe_pod "$other_ns" np-probe-closed "$producer_ip:1"
+k wait -n "$app_ns" pod/np-probe --for=condition=Ready --timeout=2m
+k wait -n "$other_ns" pod/np-probe pod/np-probe-closed --for=condition=Ready --timeout=2m
+# probe <namespace> <pod>: the HTTP status of one completion through that probe pod: 200 when
+# it reached the producer (which placed it on a stub pod), 502 or 504 when it could not connect.
+probe() {
+    curl -s -o "$work/probe-$1-$2.json" -w '%{http_code}' -X POST -H 'content-type: application/json' \
+        -d '{"model": "stub", "prompt": "a network policy probe", "max_tokens": 1}' \
+        "$proxy/api/v1/namespaces/$1/pods/http:$2:8080/proxy/v1/completions"
+}
+closed="$(probe "$other_ns" np-probe-closed)"
+[[ "$closed" == 502 || "$closed" == 504 ]] ||
+    die "through a probe whose endpoint is a closed port the answer was $closed, not 502 or 504: $(cat "$work/probe-$other_ns-np-probe-closed.json")"
+allowed="$(probe "$app_ns" np-probe)"
+[[ "$allowed" == 200 ]] || die "from $app_ns, which the NetworkPolicy admits, the producer answered $allowed: $(cat "$work/probe-$app_ns-np-probe.json")"
+other="$(probe "$other_ns" np-probe)"
+if [[ "$E2E_NETWORK_POLICY_ENFORCED" == true ]]; then
+    [[ "$other" == 502 || "$other" == 504 ]] ||
+        die "from $other_ns, which the NetworkPolicy does not admit, the probe got $other: the policy is not enforced"
+    log "enforced: $app_ns reached the producer's API port (200), $other_ns did not ($other, as a closed port: $closed)"
+else
+    [[ "$other" == 200 ]] ||
+        die "from $other_ns the probe got $other, but this cluster was said not to enforce NetworkPolicy: if it does now, set E2E_NETWORK_POLICY_ENFORCED=true and update docs/behaviour.md §9"
+    log "NOT enforced here: $other_ns also reached the producer's API port (200), as $app_ns did (a closed port answers $closed); the NetworkPolicy is in place but nothing on this node applies it"
+fi
+
+# --- 6. uninstall ---------------------------------------------------------------------------------
+log "6. helm uninstall"
 kill "$proxy_pid" 2>/dev/null || true
 proxy_pid=""
 "$helm" uninstall "$release" --namespace "$system_ns" --wait --timeout 3m
+k delete namespace "$other_ns" --wait=true --timeout=3m
 k delete namespace "$app_ns" --wait=true --timeout=3m
 k delete namespace "$system_ns" --wait=true --timeout=3m
 crd="$(k get crd -o name | grep burstprefix || true)"

@@ -14,8 +14,8 @@ packages=(runc containernetworking-plugins iptables conntrack umoci gcc libc6-de
 
 missing=()
 for package in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
-        || missing+=("$package")
+    status="$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)"
+    [[ "$status" == "install ok installed" ]] || missing+=("$package")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
     echo "node-deps: installed (${packages[*]})"

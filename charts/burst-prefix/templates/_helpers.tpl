@@ -114,6 +114,11 @@ else. Cluster-wide this is the ClusterRole <fullname>-read; per namespace it is 
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch"]
+# networkpolicies: watched whether or not producer.networkPolicy is enabled (a policy's
+# NetworkPolicy is deleted when it is turned off: get finds it).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch"]
 {{- end }}
 
 {{/*
@@ -140,6 +145,10 @@ namespaces (ClusterRole <fullname>-write), the other half of the Role per namesp
   verbs: ["create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch", "delete"]
+# The producers' NetworkPolicies (producer.networkPolicy); deleted when it is turned off.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["create", "patch", "delete"]
 # The producers' Leases (replicas > 1): the operator creates each, and holds get and patch
 # because the producer Role grants them (RBAC lets it grant only what it holds).
@@ -172,6 +181,12 @@ namespaces (ClusterRole <fullname>-write), the other half of the Role per namesp
 {{- end }}
 {{- range .Values.producer.allowedImagePrefixes }}
 - {{ printf "--allowed-producer-image-prefix=%s" . | quote }}
+{{- end }}
+{{- with .Values.producer.networkPolicy }}
+{{- if .enabled }}
+{{- $peers := dict "api" (.api | default list) "endpointPicker" (.endpointPicker | default list) "admin" (.admin | default list) }}
+- {{ printf "--producer-network-policy=%s" (toJson $peers) | quote }}
+{{- end }}
 {{- end }}
 - --pool-api-recheck-seconds={{ .Values.poolApiRecheckSeconds }}
 - --api-refusal-grace-seconds={{ .Values.apiRefusalGraceSeconds }}

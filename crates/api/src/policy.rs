@@ -128,15 +128,64 @@ pub struct ProducerSpec {
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub metrics_port: i32,
-    /// The gRPC endpoint-picker port (Envoy ext_proc, `appProtocol: kubernetes.io/h2c` on the
-    /// Service): what an InferencePool's `endpointPickerRef` points at.
+    /// The gRPC endpoint-picker port (Envoy ext_proc): what an InferencePool's
+    /// `endpointPickerRef` points at. It serves TLS (the Service's `appProtocol: http2`) unless
+    /// `eppTls.plaintext` is set (`appProtocol: kubernetes.io/h2c`).
     #[serde(default = "default_epp_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub epp_port: i32,
+    /// How the endpoint picker serves TLS. Leave it out for TLS with a self-signed certificate
+    /// the producer generates at start (what gateways that follow the Gateway API Inference
+    /// Extension connect to without verifying it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epp_tls: Option<EppTls>,
+    /// TLS on the API port (the scoring API and the proxy). Leave it out for plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_tls: Option<ApiTls>,
+    /// On SIGTERM (a rolling update, a node drain, a leader failover), how long requests in
+    /// flight and streams may run on before they are cut, in milliseconds (0 to 3600000); the
+    /// pod's terminationGracePeriodSeconds follows it. Leave it out for the producer's default,
+    /// 120000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3_600_000))]
+    pub drain_timeout_ms: Option<i64>,
     /// The producer's log level: error, warn, info, debug or trace.
     #[serde(default = "default_log_level")]
     pub log_level: LogLevel,
 }
+
+/// The endpoint picker's TLS: a certificate from a Secret, the self-signed default, or none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EppTls {
+    /// A `kubernetes.io/tls` Secret in the policy's namespace (keys `tls.crt` and `tls.key`, PEM)
+    /// with the endpoint picker's certificate and key, e.g. one cert-manager renews. The producer
+    /// pods mount it and reload it when it changes; a pod waits (ContainerCreating) until it
+    /// exists. Leave it out for a self-signed certificate generated at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(SECRET_NAME_PATTERN))]
+    pub secret_name: Option<String>,
+    /// Serve plaintext HTTP/2 (h2c) instead of TLS, for a gateway that reaches the producer over
+    /// a network nobody else shares (a sidecar, a mesh that encrypts itself). Not with
+    /// secretName.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plaintext: bool,
+}
+
+/// TLS on the API port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiTls {
+    /// A `kubernetes.io/tls` Secret in the policy's namespace (keys `tls.crt` and `tls.key`, PEM)
+    /// with the API port's certificate and key. The producer pods mount it and reload it when it
+    /// changes; a pod waits (ContainerCreating) until it exists. status.producerUrl is then
+    /// `https://`.
+    #[schemars(length(min = 1, max = 253), pattern(SECRET_NAME_PATTERN))]
+    pub secret_name: String,
+}
+
+/// A Secret's name: a DNS subdomain (lower case alphanumerics, '-' and '.').
+const SECRET_NAME_PATTERN: &str = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$";
 
 /// A producer log level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -189,6 +238,9 @@ impl Default for ProducerSpec {
             port: default_port(),
             metrics_port: default_metrics_port(),
             epp_port: default_epp_port(),
+            epp_tls: None,
+            api_tls: None,
+            drain_timeout_ms: None,
             log_level: default_log_level(),
         }
     }
@@ -247,6 +299,13 @@ const PRODUCER_RULES: &[CelRule] = &[
     },
 ];
 
+/// Rules on `spec.producer.eppTls`.
+const EPP_TLS_RULES: &[CelRule] = &[CelRule {
+    rule: "!(has(self.plaintext) && self.plaintext && has(self.secretName))",
+    message: "producer.eppTls: plaintext and secretName exclude each other: a plaintext \
+              endpoint picker has no certificate",
+}];
+
 /// Rules on each `spec.selector.matchExpressions[]`, as Kubernetes validates a label selector.
 const SELECTOR_REQUIREMENT_RULES: &[CelRule] = &[
     CelRule {
@@ -304,6 +363,8 @@ pub fn crd() -> CustomResourceDefinition {
     if let Some(image) = property(producer, "image") {
         image.max_length = Some(1024);
     }
+    let epp_tls = property(producer, "eppTls").expect("spec.producer.eppTls");
+    epp_tls.x_kubernetes_validations = Some(EPP_TLS_RULES.iter().map(validation).collect());
     let expressions = path(spec, "selector.matchExpressions").expect("spec.selector");
     // Bounded, so that the API server's cost estimate of the CEL rules stays small.
     expressions.max_items = Some(32);
@@ -463,6 +524,32 @@ mod tests {
         assert!(default.get("image").is_none(), "{default}");
         assert!(property(producer, "image").unwrap().default.is_none());
         assert_eq!(default["eppPort"], 9002);
+    }
+
+    #[test]
+    fn tls_and_drain_have_no_defaults_so_stored_policies_follow_the_producer() {
+        let mut spec = spec_schema();
+        let producer = property(&mut spec, "producer").unwrap();
+        let default = producer.default.as_ref().unwrap().0.clone();
+        for field in ["eppTls", "apiTls", "drainTimeoutMs"] {
+            assert!(default.get(field).is_none(), "{field} in {default}");
+        }
+        let drain = property(producer, "drainTimeoutMs").unwrap();
+        assert_eq!(
+            (drain.minimum, drain.maximum),
+            (Some(0.0), Some(3_600_000.0))
+        );
+        let epp_tls = property(producer, "eppTls").unwrap();
+        let rules = epp_tls.x_kubernetes_validations.clone().unwrap();
+        assert_eq!(rules.len(), EPP_TLS_RULES.len());
+        assert!(rules[0].rule.contains("self.plaintext") && rules[0].rule.contains("secretName"));
+        for secret in [
+            path(epp_tls, "secretName").unwrap().clone(),
+            path(producer, "apiTls.secretName").unwrap().clone(),
+        ] {
+            assert_eq!(secret.max_length, Some(253));
+            assert_eq!(secret.pattern.as_deref(), Some(SECRET_NAME_PATTERN));
+        }
     }
 
     /// Every field `kubectl explain` shows has a description, in whole sentences on one line.

@@ -1,7 +1,7 @@
 //! The thin apply layer: server-side apply with one field manager, forced, so a hand-edited
 //! child is put back. A policy's children are applied all or nothing as far as the API server's
-//! validation goes: every child built from the policy's content (ConfigMap, Service,
-//! PodDisruptionBudget, Deployment) that changed is first applied as a dry run, and only when
+//! validation goes: every child built from the policy's content or the operator's flags
+//! (ConfigMap, Service, PodDisruptionBudget, NetworkPolicy, Deployment) that changed is first applied as a dry run, and only when
 //! the API server accepts all of them is anything applied for real. A refused policy leaves no
 //! half of a new set of children behind. (A failure after the dry run, such as the API server
 //! going away or refusing the operator a permission, can still leave some applied; the next
@@ -13,6 +13,7 @@ use std::fmt::Debug;
 use burst_prefix_api::policy::{BurstPrefixPolicy, BurstPrefixPolicyStatus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
@@ -58,7 +59,8 @@ where
 }
 
 /// Deletes `name` of kind `K` in `namespace` if it exists and this policy controls it (a
-/// PodDisruptionBudget or Lease left from when the policy had more than one replica).
+/// PodDisruptionBudget or Lease left from when the policy had more than one replica, a
+/// NetworkPolicy left from when the operator was given one).
 async fn prune<K>(
     client: &Client,
     policy: &BurstPrefixPolicy,
@@ -193,6 +195,9 @@ async fn apply_all_once(
     if let Some(budget) = &desired.pod_disruption_budget {
         step(client, budget, true, accepted, seen).await?;
     }
+    if let Some(network_policy) = &desired.network_policy {
+        step(client, network_policy, true, accepted, seen).await?;
+    }
     step(client, &desired.deployment, true, accepted, seen).await?;
     // The real apply: identity and permissions first, the Deployment that uses them last.
     step(client, &desired.service_account, false, accepted, seen).await?;
@@ -205,6 +210,10 @@ async fn apply_all_once(
     step(client, &desired.service, false, accepted, seen).await?;
     if let Some(budget) = &desired.pod_disruption_budget {
         step(client, budget, false, accepted, seen).await?;
+    }
+    // Before the pods it selects are created or changed.
+    if let Some(network_policy) = &desired.network_policy {
+        step(client, network_policy, false, accepted, seen).await?;
     }
     let deployment = step(client, &desired.deployment, false, accepted, seen)
         .await?
@@ -219,6 +228,9 @@ async fn apply_all_once(
     }
     if desired.lease.is_none() && had("Lease") {
         prune::<Lease>(client, policy, &namespace, &name).await?;
+    }
+    if desired.network_policy.is_none() && had("NetworkPolicy") {
+        prune::<NetworkPolicy>(client, policy, &namespace, &name).await?;
     }
     Ok((deployment, applied))
 }

@@ -15,6 +15,7 @@ use burst_prefix_runtime::backoff::watch_backoff;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DynamicObject, ListParams};
@@ -208,6 +209,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) -> Result<()> {
         .owns_stream(children::<RoleBinding>(&ctx, ns))
         .owns_stream(children::<Service>(&ctx, ns))
         .owns_stream(children::<PodDisruptionBudget>(&ctx, ns))
+        .owns_stream(children::<NetworkPolicy>(&ctx, ns))
         .owns_stream(children::<Deployment>(&ctx, ns))
         .watches_stream(pods, pod_mapper)
         .watches_stream_with(pools, pool_mapper, pool_resource)

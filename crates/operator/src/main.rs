@@ -10,7 +10,7 @@ use burst_prefix_api::policy::DEFAULT_PRODUCER_IMAGE;
 use burst_prefix_operator::backoff::RetryBackoff;
 use burst_prefix_operator::context::{Context, Settings};
 use burst_prefix_operator::controller;
-use burst_prefix_operator::desired::{default_resources, ProducerDefaults};
+use burst_prefix_operator::desired::{default_resources, NetworkPolicyPeers, ProducerDefaults};
 use burst_prefix_operator::metrics::Metrics;
 use burst_prefix_operator::pool_api::PoolApi;
 use burst_prefix_operator::validate::ImagePolicy;
@@ -81,6 +81,13 @@ struct RunArgs {
     /// '{"requests":{"cpu":"100m","memory":"64Mi"},"limits":{"memory":"512Mi"}}' (the default).
     #[arg(long, value_parser = parse_resources)]
     producer_resources: Option<ResourceRequirements>,
+    /// A NetworkPolicy for every producer: who may reach its API port, its endpoint picker and
+    /// its admin port, as JSON lists of NetworkPolicy peers, e.g.
+    /// '{"api":[{"podSelector":{}}],"endpointPicker":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"gateways"}}}],"admin":[]}'.
+    /// A port with no peers is closed. Without the flag, no NetworkPolicy (and the ones made
+    /// before are deleted).
+    #[arg(long, value_parser = NetworkPolicyPeers::from_json)]
+    producer_network_policy: Option<NetworkPolicyPeers>,
     /// A policy's own `spec.producer.image` must start with one of these (repeatable); without
     /// any, a policy may name any image. A policy that breaks it gets InvalidConfig.
     #[arg(long = "allowed-producer-image-prefix")]
@@ -216,6 +223,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
                 .clone()
                 .unwrap_or_else(default_resources),
             log_format: LogFormat::Json,
+            network_policy: args.producer_network_policy.clone(),
         },
         images: ImagePolicy {
             allowed_prefixes: args.allowed_producer_image_prefixes.clone(),

@@ -3,11 +3,14 @@
 //! port. With more than one replica the pods elect a leader (only the leader is Ready), so a
 //! rolling update would wait forever for a new pod to become Ready while the old leader holds
 //! the Lease (gateway-api-inference-extension#1619): the strategy is then `Recreate`, and the
-//! replicas spread across nodes.
+//! replicas spread across nodes. The pods mount the TLS Secrets the policy names ([`super::tls`])
+//! and get the time to drain their requests on SIGTERM (docs/behaviour.md §11).
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_runtime::flags::{POD_NAMESPACE_ENV, POD_NAME_ENV};
-use burst_prefix_runtime::producer::{termination_grace_period_seconds, LeaseRef, ProducerCommand};
+use burst_prefix_runtime::producer::{
+    termination_grace_period_seconds, LeaseRef, ProducerCommand, DEFAULT_DRAIN_TIMEOUT_MS,
+};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -21,10 +24,25 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::service::{EPP, HTTP, METRICS};
-use super::{child_name, highly_available, labels, metadata, selector_labels, ProducerDefaults};
+use super::{
+    child_name, highly_available, labels, metadata, selector_labels, tls, ProducerDefaults,
+};
 
 /// The distroless nonroot user of the producer image.
 const NONROOT_UID: i64 = 65532;
+/// Its group: the pod's `fsGroup`, so that it may read the mounted Secrets (mode 0440).
+const NONROOT_GID: i64 = 65532;
+
+/// The drain the producer does on SIGTERM: the policy's `drainTimeoutMs`, else the producer's
+/// default. The CRD bounds it to 0..3600000.
+fn drain_timeout_ms(policy: &BurstPrefixPolicy) -> u64 {
+    policy
+        .spec
+        .producer
+        .drain_timeout_ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS)
+}
 
 pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deployment {
     let ha = highly_available(policy);
@@ -55,12 +73,16 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
         automount_service_account_token: Some(true),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
+            fs_group: Some(NONROOT_GID),
             seccomp_profile: Some(runtime_default()),
             ..PodSecurityContext::default()
         }),
         containers: vec![container(policy, defaults)],
+        volumes: Some(tls::mounts(policy).iter().map(|m| m.volume()).collect())
+            .filter(|volumes: &Vec<_>| !volumes.is_empty()),
         termination_grace_period_seconds: Some(termination_grace_period_seconds(
             u64::try_from(policy.spec.planner.window_duration_ms).unwrap_or_default(),
+            drain_timeout_ms(policy),
         )),
         image_pull_secrets: (!defaults.image_pull_secrets.is_empty()).then(|| {
             defaults
@@ -102,8 +124,8 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
     }
 }
 
-/// The producer's command line: its ConfigMap, its three listeners and, with more than one
-/// replica, its Lease (identity: the pod name, from the downward API).
+/// The producer's command line: its ConfigMap, its three listeners, their TLS, its drain and,
+/// with more than one replica, its Lease (identity: the pod name, from the downward API).
 pub fn command(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> ProducerCommand {
     let producer = &policy.spec.producer;
     let name = child_name(policy);
@@ -117,6 +139,9 @@ pub fn command(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Produ
         epp_port: port(producer.epp_port),
         log_format: defaults.log_format,
         log_level: producer.log_level.as_str().to_string(),
+        drain_timeout_ms: producer.drain_timeout_ms.map(|_| drain_timeout_ms(policy)),
+        epp_transport: tls::epp_transport(policy),
+        api_tls: tls::api_tls(policy),
         lease: highly_available(policy).then(|| LeaseRef {
             name: name.clone(),
             namespace: namespace.clone(),
@@ -171,6 +196,13 @@ fn container(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Contain
             port(EPP, producer.epp_port),
             port(METRICS, producer.metrics_port),
         ]),
+        volume_mounts: Some(
+            tls::mounts(policy)
+                .iter()
+                .map(|m| m.volume_mount())
+                .collect(),
+        )
+        .filter(|mounts: &Vec<_>| !mounts.is_empty()),
         liveness_probe: Some(probe("/healthz", 10)),
         readiness_probe: Some(probe("/readyz", 5)),
         resources: Some(
@@ -219,8 +251,13 @@ mod tests {
         let pod = spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("rl-producer"));
         assert!(pod.topology_spread_constraints.is_none());
-        // Above the producer's shutdown timeout (10 s) plus the policy's window (100 ms).
-        assert_eq!(pod.termination_grace_period_seconds, Some(16));
+        // The policy's window (100 ms), the default drain (120 s), the producer's shutdown
+        // timeout (10 s) and the kubelet's margin (5 s).
+        assert_eq!(pod.termination_grace_period_seconds, Some(136));
+        assert_eq!(pod.security_context.as_ref().unwrap().fs_group, Some(65532));
+        // No TLS Secret named: nothing mounted, no TLS or drain flag (the producer's defaults).
+        assert!(pod.volumes.is_none());
+        assert!(pod.containers[0].volume_mounts.is_none());
         let container = &pod.containers[0];
         let args = container.args.clone().unwrap().join(" ");
         assert!(
@@ -229,6 +266,7 @@ mod tests {
         );
         assert!(args.contains("--epp-listen 0.0.0.0:9002"), "{args}");
         assert!(!args.contains("--leader-elect"), "{args}");
+        assert!(!args.contains("tls") && !args.contains("--drain"), "{args}");
         let security = container.security_context.as_ref().unwrap();
         assert_eq!(security.run_as_non_root, Some(true));
         assert_eq!(security.read_only_root_filesystem, Some(true));
@@ -340,6 +378,97 @@ mod tests {
                 .unwrap()
                 .field_path,
             "metadata.name"
+        );
+    }
+
+    #[test]
+    fn the_grace_period_follows_the_policy_drain_and_the_flag_says_the_same() {
+        let pod = |producer| {
+            build(&policy_with(producer), &ProducerDefaults::default())
+                .spec
+                .template
+                .spec
+                .unwrap()
+        };
+        let short = pod(json!({"drainTimeoutMs": 30_000}));
+        // 100 ms window + 30 s drain + 10 s shutdown, rounded up, + 5 s.
+        assert_eq!(short.termination_grace_period_seconds, Some(46));
+        let args = short.containers[0].args.clone().unwrap().join(" ");
+        assert!(args.contains("--drain-timeout-ms 30000"), "{args}");
+        let none = pod(json!({"drainTimeoutMs": 0}));
+        assert_eq!(none.termination_grace_period_seconds, Some(16));
+        let args = none.containers[0].args.clone().unwrap().join(" ");
+        assert!(args.contains("--drain-timeout-ms 0"), "{args}");
+    }
+
+    #[test]
+    fn named_tls_secrets_are_mounted_and_passed_to_the_producer() {
+        let policy = policy_with(json!({
+            "eppTls": {"secretName": "picker-cert"},
+            "apiTls": {"secretName": "api-cert"},
+        }));
+        let pod = build(&policy, &ProducerDefaults::default())
+            .spec
+            .template
+            .spec
+            .unwrap();
+        let volumes: Vec<_> = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .map(|v| (v.name, v.secret.unwrap().secret_name.unwrap()))
+            .collect();
+        assert_eq!(
+            volumes,
+            [
+                ("epp-tls".to_string(), "picker-cert".to_string()),
+                ("api-tls".to_string(), "api-cert".to_string())
+            ]
+        );
+        let container = &pod.containers[0];
+        let mounts: Vec<_> = container
+            .volume_mounts
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.name, m.mount_path, m.read_only))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                (
+                    "epp-tls".to_string(),
+                    "/etc/burst-prefix/epp-tls".to_string(),
+                    Some(true)
+                ),
+                (
+                    "api-tls".to_string(),
+                    "/etc/burst-prefix/api-tls".to_string(),
+                    Some(true)
+                )
+            ]
+        );
+        let args = container.args.clone().unwrap().join(" ");
+        for expected in [
+            "--epp-tls-cert /etc/burst-prefix/epp-tls/tls.crt",
+            "--epp-tls-key /etc/burst-prefix/epp-tls/tls.key",
+            "--tls-cert /etc/burst-prefix/api-tls/tls.crt",
+            "--tls-key /etc/burst-prefix/api-tls/tls.key",
+        ] {
+            assert!(args.contains(expected), "{expected} in {args}");
+        }
+        assert!(!args.contains("--epp-plaintext"), "{args}");
+
+        let plaintext = build(
+            &policy_with(json!({"eppTls": {"plaintext": true}})),
+            &ProducerDefaults::default(),
+        );
+        let pod = plaintext.spec.template.spec.unwrap();
+        assert!(pod.volumes.is_none());
+        let args = pod.containers[0].args.clone().unwrap().join(" ");
+        assert!(
+            args.contains("--epp-plaintext") && !args.contains("tls"),
+            "{args}"
         );
     }
 }

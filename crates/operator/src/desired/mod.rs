@@ -6,11 +6,13 @@
 mod config_map;
 mod deployment;
 mod lease;
+mod network_policy;
 mod pod_disruption_budget;
 mod role;
 mod role_binding;
 mod service;
 mod service_account;
+mod tls;
 
 use std::collections::BTreeMap;
 
@@ -20,6 +22,7 @@ use burst_prefix_runtime::logging::LogFormat;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceRequirements, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -27,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 pub use burst_prefix_runtime::producer::CONFIG_KEY;
+pub use network_policy::NetworkPolicyPeers;
 
 /// `app.kubernetes.io/managed-by` of every child: what the child watches select.
 pub const MANAGED_BY: &str = "burst-prefix-operator";
@@ -46,6 +50,9 @@ pub struct ProducerDefaults {
     pub resources: ResourceRequirements,
     /// The producers' log format.
     pub log_format: LogFormat,
+    /// `--producer-network-policy`: who may reach each producer port (`None`: no
+    /// NetworkPolicy).
+    pub network_policy: Option<NetworkPolicyPeers>,
 }
 
 impl Default for ProducerDefaults {
@@ -56,6 +63,7 @@ impl Default for ProducerDefaults {
             image_pull_secrets: Vec::new(),
             resources: default_resources(),
             log_format: LogFormat::Json,
+            network_policy: None,
         }
     }
 }
@@ -79,7 +87,8 @@ pub fn default_resources() -> ResourceRequirements {
 }
 
 /// Everything one policy owns, named `<policy>-producer`. The Lease and the
-/// PodDisruptionBudget exist only with more than one producer replica.
+/// PodDisruptionBudget exist only with more than one producer replica, the NetworkPolicy only
+/// when the operator is given one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Desired {
     pub config_map: ConfigMap,
@@ -89,6 +98,7 @@ pub struct Desired {
     pub lease: Option<Lease>,
     pub service: Service,
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
+    pub network_policy: Option<NetworkPolicy>,
     pub deployment: Deployment,
 }
 
@@ -97,10 +107,11 @@ pub fn child_name(policy: &BurstPrefixPolicy) -> String {
     format!("{}-producer", policy.name_any())
 }
 
-/// The producer's in-cluster API URL.
+/// The producer's in-cluster API URL (`https` when its API port serves TLS).
 pub fn producer_url(policy: &BurstPrefixPolicy) -> String {
     format!(
-        "http://{}.{}.svc:{}",
+        "{}://{}.{}.svc:{}",
+        service::api_scheme(policy),
         child_name(policy),
         policy.namespace().unwrap_or_default(),
         policy.spec.producer.port
@@ -127,6 +138,10 @@ pub fn desired(
         service: service::build(policy),
         pod_disruption_budget: highly_available(policy)
             .then(|| pod_disruption_budget::build(policy)),
+        network_policy: defaults
+            .network_policy
+            .as_ref()
+            .map(|peers| network_policy::build(policy, peers)),
         deployment: deployment::build(policy, defaults),
     }
 }
@@ -197,10 +212,14 @@ pub(crate) mod tests {
 
     #[test]
     fn every_child_is_named_labelled_and_owned_by_the_policy() {
+        let with_network_policy = ProducerDefaults {
+            network_policy: Some(NetworkPolicyPeers::default()),
+            ..ProducerDefaults::default()
+        };
         let desired = desired(
             &policy_with(json!({"replicas": 3})),
             vec![],
-            &ProducerDefaults::default(),
+            &with_network_policy,
         );
         let metas = [
             &desired.config_map.metadata,
@@ -210,6 +229,7 @@ pub(crate) mod tests {
             &desired.lease.as_ref().unwrap().metadata,
             &desired.service.metadata,
             &desired.pod_disruption_budget.as_ref().unwrap().metadata,
+            &desired.network_policy.as_ref().unwrap().metadata,
             &desired.deployment.metadata,
         ];
         for meta in metas {
@@ -235,6 +255,13 @@ pub(crate) mod tests {
         let desired = desired(&policy(), vec![], &ProducerDefaults::default());
         assert!(desired.lease.is_none());
         assert!(desired.pod_disruption_budget.is_none());
+        assert!(desired.network_policy.is_none(), "not asked for");
         assert_eq!(producer_url(&policy()), "http://rl-producer.ml.svc:8081");
+    }
+
+    #[test]
+    fn the_url_is_https_when_the_api_port_serves_tls() {
+        let policy = policy_with(json!({"port": 8443, "apiTls": {"secretName": "api-cert"}}));
+        assert_eq!(producer_url(&policy), "https://rl-producer.ml.svc:8443");
     }
 }
