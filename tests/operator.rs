@@ -269,8 +269,8 @@ async fn invalid_policies_are_refused_with_their_message() {
     let ns = control_plane.namespace("invalid").await.unwrap();
     let cases = [
         (
-            "windowDurationMs: 0",
-            "windowDurationMs must be between 1 and 10000",
+            "windowDurationMs: -1",
+            "windowDurationMs must be 0 (zero-wait) or between 1 and 10000",
         ),
         (
             "maxPerReplica: 0",
@@ -351,7 +351,7 @@ async fn invalid_policies_are_refused_with_their_message() {
     }
 
     // One message per broken rule: the rule table's, not a second one from an OpenAPI bound.
-    let yaml = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: once\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  windowDurationMs: 0\n  maxBatchSize: 0\n");
+    let yaml = format!("apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: once\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  windowDurationMs: -1\n  maxBatchSize: 0\n");
     let stderr = kubectl_apply(control_plane, &yaml).unwrap_err();
     for rule in ["windowDurationMs", "maxBatchSize"] {
         assert_eq!(

@@ -100,7 +100,7 @@ async fn configmap_updates_apply_and_bad_ones_are_rejected() {
     .await;
 
     // A bad update is rejected and counted; the last good config stays in force.
-    update("windowDurationMs: 0\nendpoints: []\n".to_string()).await;
+    update("windowDurationMs: -1\nendpoints: []\n".to_string()).await;
     eventually("the rejection to be counted", TIMEOUT, || async {
         get(metrics_url.clone()).await.filter(|body| {
             body.contains("burst_prefix_config_reloads_total{result=\"rejected\"} 1")

@@ -241,10 +241,10 @@ async fn bad_input_gets_its_status_and_code() {
         ),
         (
             "/v1/plan",
-            r#"{"config": {"windowDurationMs": 0}, "replicas": [], "requests": []}"#.into(),
+            r#"{"config": {"windowDurationMs": -1}, "replicas": [], "requests": []}"#.into(),
             400,
             "invalid_config",
-            "windowDurationMs is 0",
+            "windowDurationMs is -1",
         ),
         (
             "/v1/plan",

@@ -150,7 +150,7 @@ async fn sigterm_answers_every_waiter_of_the_open_window_and_exits_0() {
 fn an_invalid_config_file_at_startup_exits_2_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
-    std::fs::write(&path, "windowDurationMs: 0\n").unwrap();
+    std::fs::write(&path, "windowDurationMs: -1\n").unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_burst-prefix-producer"))
         .args([
             "serve",
@@ -164,5 +164,5 @@ fn an_invalid_config_file_at_startup_exits_2_naming_the_field() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8(output.stderr).unwrap();
-    assert!(stderr.contains("windowDurationMs is 0"), "{stderr}");
+    assert!(stderr.contains("windowDurationMs is -1"), "{stderr}");
 }

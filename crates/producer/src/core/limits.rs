@@ -10,9 +10,6 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_MAX_WINDOW_BYTES: usize = 256 * 1024 * 1024;
 /// Default of `--max-plan-replicas`.
 pub const DEFAULT_MAX_PLAN_REPLICAS: usize = 10_000;
-/// Default of `--drain-timeout-ms`: how long requests in flight may run on after SIGTERM, above
-/// a typical completion (a long one streams for a minute or two).
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default of `--body-timeout-ms`: the longest a request's body may take to arrive.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -240,14 +240,14 @@ mod tests {
             "requests[1].body: `model` is missing (required)"
         );
         let err = plan(json!({
-            "config": {"windowDurationMs": 0},
+            "config": {"windowDurationMs": -1},
             "replicas": [],
             "requests": [],
         }))
         .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid config: windowDurationMs is 0, but must be between 1 and 10000"
+            "invalid config: windowDurationMs is -1, but must be 0 (zero-wait) or between 1 and 10000"
         );
         let err =
             plan(json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []})).unwrap_err();

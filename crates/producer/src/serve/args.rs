@@ -9,11 +9,12 @@ use burst_prefix_api::ports;
 use burst_prefix_runtime::flags;
 use burst_prefix_runtime::leader::LeaderArgs;
 use burst_prefix_runtime::logging::LogArgs;
+use burst_prefix_runtime::producer::DEFAULT_DRAIN_TIMEOUT_MS;
 use clap::{ArgGroup, Args};
 
 use crate::config_sources::{configmap, ConfigSource};
 use crate::core::limits::{
-    DEFAULT_BODY_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
     DEFAULT_MAX_WINDOW_BYTES,
 };
 use crate::core::Limits;
@@ -95,7 +96,7 @@ pub struct ServeArgs {
         long = flags::DRAIN_TIMEOUT_MS,
         alias = "shutdown-timeout-ms",
         env = "BURST_PREFIX_DRAIN_TIMEOUT_MS",
-        default_value_t = DEFAULT_DRAIN_TIMEOUT.as_millis() as u64
+        default_value_t = DEFAULT_DRAIN_TIMEOUT_MS
     )]
     pub drain_timeout_ms: u64,
     #[command(flatten)]
@@ -121,11 +122,11 @@ pub struct TlsArgs {
     /// changes (a mounted Secret). Without it the picker serves a self-signed certificate
     /// generated at start (the gateway then skips verification, as for the reference picker).
     #[arg(long = flags::EPP_TLS_CERT, env = "BURST_PREFIX_EPP_TLS_CERT", value_name = "FILE",
-          requires = flags::EPP_TLS_KEY, conflicts_with = flags::EPP_PLAINTEXT)]
+          requires = "epp_tls_key", conflicts_with = "epp_plaintext")]
     pub epp_tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --epp-tls-cert.
     #[arg(long = flags::EPP_TLS_KEY, env = "BURST_PREFIX_EPP_TLS_KEY", value_name = "FILE",
-          requires = flags::EPP_TLS_CERT)]
+          requires = "epp_tls_cert")]
     pub epp_tls_key: Option<PathBuf>,
     /// Serve the endpoint picker as plaintext HTTP/2 (h2c), for a gateway beside it in the pod
     /// or on a trusted network.
@@ -134,11 +135,11 @@ pub struct TlsArgs {
     /// Serve the API port (scoring API and proxy) over TLS with this certificate chain (PEM),
     /// with --tls-key; read again when it changes. Without it the API port is plaintext.
     #[arg(long = flags::TLS_CERT, env = "BURST_PREFIX_TLS_CERT", value_name = "FILE",
-          requires = flags::TLS_KEY)]
+          requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
     #[arg(long = flags::TLS_KEY, env = "BURST_PREFIX_TLS_KEY", value_name = "FILE",
-          requires = flags::TLS_CERT)]
+          requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 }
 
@@ -324,7 +325,7 @@ impl ServeArgs {
 mod tests {
     use super::*;
     use burst_prefix_runtime::logging::LogFormat;
-    use burst_prefix_runtime::producer::{LeaseRef, ProducerCommand};
+    use burst_prefix_runtime::producer::{EppTransport, LeaseRef, ProducerCommand, TlsFiles};
     use clap::{Parser, Subcommand};
 
     #[derive(Parser)]
@@ -348,6 +349,15 @@ mod tests {
             epp_port: 9002,
             log_format: LogFormat::Json,
             log_level: "info".into(),
+            drain_timeout_ms: Some(30_000),
+            epp_transport: EppTransport::Tls(TlsFiles {
+                cert: "/etc/epp/tls.crt".into(),
+                key: "/etc/epp/tls.key".into(),
+            }),
+            api_tls: Some(TlsFiles {
+                cert: "/etc/api/tls.crt".into(),
+                key: "/etc/api/tls.key".into(),
+            }),
             lease: Some(LeaseRef {
                 name: "rl-producer".into(),
                 namespace: "ml".into(),
@@ -355,7 +365,11 @@ mod tests {
         };
         for lease in [true, false] {
             if !lease {
+                // The other shapes: the defaults, and plaintext.
                 command.lease = None;
+                command.drain_timeout_ms = None;
+                command.epp_transport = EppTransport::Plaintext;
+                command.api_tls = None;
             }
             let args = std::iter::once("burst-prefix-producer".to_string()).chain(command.args());
             let Command::Serve(serve) = Cli::try_parse_from(args)
@@ -370,6 +384,19 @@ mod tests {
             if lease {
                 assert_eq!(serve.leader.lease_name.as_deref(), Some("rl-producer"));
                 assert_eq!(serve.leader.lease_namespace, "ml");
+                assert_eq!(serve.drain_timeout_ms, 30_000);
+                assert_eq!(
+                    serve.tls.epp_source(),
+                    Some(CertificateSource::Files {
+                        cert: "/etc/epp/tls.crt".into(),
+                        key: "/etc/epp/tls.key".into(),
+                    })
+                );
+                assert_eq!(serve.tls.tls_key, Some("/etc/api/tls.key".into()));
+            } else {
+                assert_eq!(serve.drain_timeout_ms, DEFAULT_DRAIN_TIMEOUT_MS);
+                assert_eq!(serve.tls.epp_source(), None, "plaintext");
+                assert_eq!(serve.tls.tls_cert, None);
             }
         }
     }
