@@ -75,6 +75,7 @@ impl Snapshot {
 /// A validated planner config in the types its users need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
+    /// `windowDurationMs`; zero: no window, each request placed on arrival.
     pub window: Duration,
     pub block_spec: BlockSpec,
     pub plan: PlanParams,
@@ -86,9 +87,14 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Zero-wait mode: each request placed on arrival, no window.
+    pub fn on_arrival(&self) -> bool {
+        self.window.is_zero()
+    }
+
     fn of(planner: &PlannerConfig) -> Self {
         Settings {
-            window: Duration::from_millis(u64::try_from(planner.window_duration_ms).unwrap_or(1)),
+            window: Duration::from_millis(u64::try_from(planner.window_duration_ms).unwrap_or(0)),
             block_spec: planner.block_spec(),
             plan: planner.plan_params(),
             max_batch_size: planner.max_batch_size(),

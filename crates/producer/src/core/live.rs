@@ -18,6 +18,8 @@ use burst_prefix_api::Endpoint;
 #[derive(Default)]
 pub struct LiveEndpoints {
     states: RwLock<HashMap<String, Arc<EndpointState>>>,
+    /// Cool-downs begun so far: who caches the usable set knows when to look again.
+    cool_downs: AtomicU64,
 }
 
 #[derive(Default)]
@@ -105,8 +107,19 @@ impl LiveEndpoints {
             .map_or(0, |state| state.in_flight.load(Ordering::Relaxed))
     }
 
+    /// Cool-downs begun so far.
+    pub fn cool_downs(&self) -> u64 {
+        self.cool_downs.load(Ordering::Relaxed)
+    }
+
+    /// Whether any of `endpoints` is cooling down at `now`.
+    pub fn any_cooling(&self, endpoints: &[Endpoint], now: Instant) -> bool {
+        endpoints.iter().any(|e| self.cooling(&e.id, now))
+    }
+
     /// Leaves `id` out of planning and routing until `until`.
     pub fn cool_down(&self, id: &str, until: Instant) {
+        self.cool_downs.fetch_add(1, Ordering::Relaxed);
         *self
             .state(id)
             .cooling_until

@@ -12,6 +12,7 @@
 //! [`hints`], [`metrics`], and [`whole_batch`] (a whole batch planned at once: `POST /v1/plan`
 //! and the `plan` subcommand).
 
+pub mod arrival;
 pub mod batch;
 pub mod body;
 pub mod budget;
@@ -29,12 +30,13 @@ pub mod whole_batch;
 pub mod window;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burst_prefix_api::Endpoint;
 use bytes::Bytes;
 
+pub use arrival::Finish;
 pub use config_store::{ConfigOrigin, Snapshot};
 pub use error::{PlaceError, Refused};
 pub use hints::Hints;
@@ -47,8 +49,11 @@ use budget::{ByteBudget, Reserved};
 use config_store::ConfigStore;
 use live::LiveEndpoints;
 use metrics::{Metrics, Outcome};
+use placement::RequestHeld;
+use planning::Planner;
 use request::HashedRequest;
 use request::InferenceRequest;
+use window::seal::SealReason;
 use window::Window;
 
 /// One request to place, as a front-end received it.
@@ -78,6 +83,8 @@ pub struct Producer {
     limits: Limits,
     /// What requests hold before they are placed (`--max-window-bytes`).
     budget: Arc<ByteBudget>,
+    /// Windows and arrivals are placed under this lock, one at a time.
+    planner: Arc<Mutex<Planner>>,
     /// Whether this replica leads (docs/behaviour.md, "High availability"); true unless leader
     /// election says otherwise.
     leading: Arc<AtomicBool>,
@@ -90,7 +97,14 @@ impl Producer {
         let store = Arc::new(ConfigStore::new(origin, metrics.clone()));
         let live = Arc::new(LiveEndpoints::default());
         let budget = ByteBudget::new(limits.max_window_bytes);
-        let window = Window::new(store.clone(), live.clone(), metrics.clone(), budget.clone());
+        let planner = Arc::new(Mutex::new(Planner::new(metrics.registry())));
+        let window = Window::new(
+            store.clone(),
+            live.clone(),
+            metrics.clone(),
+            budget.clone(),
+            planner.clone(),
+        );
         Producer {
             store,
             window,
@@ -98,6 +112,7 @@ impl Producer {
             metrics,
             limits,
             budget,
+            planner,
             leading: Arc::new(AtomicBool::new(true)),
         }
     }
@@ -194,6 +209,9 @@ impl Producer {
             return Err(PlaceError::NotLeader);
         }
         self.limits.check_body(request.body.len())?;
+        if let Some(snapshot) = self.store.current().filter(|s| s.settings.on_arrival()) {
+            return self.place_on_arrival(snapshot, request);
+        }
         let ticket = {
             // The parsed request borrows the body; it is gone once the hashes are in the window.
             let parsed = InferenceRequest::parse(request.body)?;
@@ -245,6 +263,68 @@ impl Producer {
             })
             .await?;
         Ok((body, placement))
+    }
+
+    /// Places a request now, with no window (`windowDurationMs: 0`).
+    fn place_on_arrival(
+        &self,
+        snapshot: Arc<Snapshot>,
+        request: PlaceRequest<'_>,
+    ) -> Result<Placement, PlaceError> {
+        let started = Instant::now();
+        if self.window.is_closed() {
+            return Err(PlaceError::ShuttingDown);
+        }
+        if snapshot.config.endpoints.is_empty() {
+            return Err(PlaceError::NoEndpoints);
+        }
+        let parsed = InferenceRequest::parse(request.body)?;
+        let group_size = request.hints.or(parsed.hints).group_size;
+        let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
+        drop(parsed);
+        if let Some(subset) = request.subset {
+            let allowed = routing::ids_in_subset(&snapshot, subset, hashed.endpoints.as_deref());
+            if allowed.is_empty() {
+                return Err(PlaceError::NoEligibleEndpoint);
+            }
+            hashed.endpoints = Some(allowed);
+        }
+        let arrived = self
+            .planner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .place_on_arrival(&snapshot, &hashed, group_size, &self.live);
+        let outcome = match arrived.assigned {
+            Some(_) => Outcome::Assigned,
+            None => Outcome::NoAffinity,
+        };
+        self.metrics.request(outcome);
+        let waited = started.elapsed();
+        self.metrics
+            .request_wait_seconds
+            .observe(waited.as_secs_f64());
+        Ok(Placement {
+            assigned: arrived.assigned,
+            total_blocks: hashed.blocks.len(),
+            group: hashed.blocks.last().copied().unwrap_or(0),
+            endpoints: hashed.endpoints,
+            window_id: arrived.sequence,
+            window_size: 1,
+            waited,
+            sealed_by: SealReason::Arrival,
+            snapshot,
+            memory: Some(RequestHeld::OnArrival(arrived.held)),
+            arrival: Some(arrived.id),
+        })
+    }
+
+    /// For a request placed on arrival, a guard that takes it off the work in flight when
+    /// dropped: a front-end that sees its answer end holds it until then (otherwise the
+    /// placement counts with a half-life).
+    pub fn finish_when_dropped(&self, placement: &Placement) -> Option<Finish> {
+        placement
+            .arrival
+            .map(|id| Finish::new(self.planner.clone(), id))
     }
 
     /// Where a placed request goes: its endpoint, then at most `fallbacks` others to try in

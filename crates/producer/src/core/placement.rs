@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use burst_prefix_planner::HeldPrefixes;
+use burst_prefix_planner::{HeldPrefixes, PlacementId};
 
 use super::config_store::Snapshot;
 use super::window::seal::SealReason;
@@ -32,6 +32,8 @@ pub struct Placement {
     /// With memory (docs/behaviour.md §7): what each endpoint held of the request when it was
     /// placed.
     pub memory: Option<RequestHeld>,
+    /// Placed on arrival (zero-wait mode): its handle in the work in flight.
+    pub arrival: Option<PlacementId>,
 }
 
 impl Placement {
@@ -68,16 +70,21 @@ impl WindowHeld {
     }
 }
 
-/// What the memory said of one request: see [`WindowHeld`].
+/// What the memory (and the work in flight) said each endpoint held of one request.
 #[derive(Clone, Debug)]
-pub struct RequestHeld {
-    window: Arc<WindowHeld>,
-    request: usize,
+pub enum RequestHeld {
+    /// Planned in a window: its list in the window's (see [`WindowHeld`]).
+    InWindow {
+        window: Arc<WindowHeld>,
+        request: usize,
+    },
+    /// Placed on arrival: `(endpoint, leading blocks)`, sorted by endpoint.
+    OnArrival(Vec<(usize, usize)>),
 }
 
 impl RequestHeld {
     pub fn new(window: &Option<Arc<WindowHeld>>, request: usize) -> Option<Self> {
-        window.as_ref().map(|window| RequestHeld {
+        window.as_ref().map(|window| RequestHeld::InWindow {
             window: window.clone(),
             request,
         })
@@ -85,6 +92,11 @@ impl RequestHeld {
 
     /// Leading blocks of the request that endpoint `endpoint` (a config index) held.
     pub fn blocks(&self, endpoint: usize) -> usize {
-        self.window.blocks(self.request, endpoint)
+        match self {
+            RequestHeld::InWindow { window, request } => window.blocks(*request, endpoint),
+            RequestHeld::OnArrival(held) => held
+                .binary_search_by_key(&endpoint, |&(e, _)| e)
+                .map_or(0, |i| held[i].1),
+        }
     }
 }

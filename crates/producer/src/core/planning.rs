@@ -1,7 +1,8 @@
-//! Planning a sealed window: on the endpoints usable now (not cooling down), with the requests
-//! in flight through each as its running requests, and with the planner's memory across windows
-//! (docs/behaviour.md, "Memory across windows"): one model per policy, kept behind the window's
-//! planning lock (windows are planned one at a time), its time from a monotonic clock started
+//! Planning: what the two ways of placing share, behind one lock held for one window or one
+//! request at a time. A sealed window is planned here on the endpoints usable now (not cooling
+//! down), with the requests in flight through each as its running requests; a request placed on
+//! arrival (zero-wait mode) is placed in [`super::arrival`]. Both use the planner's memory across
+//! windows (docs/behaviour.md §7): one model per policy, its time from a monotonic clock started
 //! with the producer, dropped for an endpoint when the endpoint leaves the config, and rebuilt
 //! when its settings (or the block size) change. Its metrics are registered here:
 //!
@@ -17,24 +18,30 @@ use std::time::Instant;
 use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, Source};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
+use super::arrival::Arrivals;
 use super::batch::plan_batch;
 use super::config_store::Snapshot;
 use super::live::LiveEndpoints;
 use super::placement::WindowHeld;
 use super::request::HashedRequest;
 
-/// Plans windows one at a time, remembering the earlier ones when the config enables memory.
-pub struct WindowPlanner {
+/// Places windows and arrivals one at a time, remembering the earlier ones when the config
+/// enables memory.
+pub struct Planner {
     /// The model and what it was built for: settings and block size; `None` while disabled.
-    model: Option<(Memory, usize)>,
+    pub(super) model: Option<(Memory, usize)>,
     /// The config generation the model's endpoints were last checked against.
     generation: u64,
     started: Instant,
     blocks: IntGaugeVec,
-    placements: IntCounterVec,
+    pub(super) placements: IntCounterVec,
+    /// Placements on arrival that are not finished yet (zero-wait mode).
+    pub(super) arrivals: Arrivals,
+    /// Touches since the model was last settled.
+    pub(super) unsettled: bool,
 }
 
-impl WindowPlanner {
+impl Planner {
     pub fn new(registry: &Registry) -> Self {
         let blocks = IntGaugeVec::new(
             Opts::new(
@@ -57,18 +64,19 @@ impl WindowPlanner {
         }
         registry.register(Box::new(blocks.clone())).unwrap();
         registry.register(Box::new(placements.clone())).unwrap();
-        WindowPlanner {
+        Planner {
             model: None,
             generation: 0,
             started: Instant::now(),
             blocks,
             placements,
+            arrivals: Arrivals::default(),
+            unsettled: false,
         }
     }
 
     /// Plans one sealed window's `requests` under `snapshot`'s config on the endpoints usable
-    /// now. The window's touches wait for [`WindowPlanner::settle`] (or the next window's
-    /// planning).
+    /// now. The window's touches wait for [`Planner::settle`] (or the next window's planning).
     pub fn plan_window(
         &mut self,
         snapshot: &Snapshot,
@@ -109,11 +117,9 @@ impl WindowPlanner {
         replicas: &[Replica<'_>],
         requests: &[HashedRequest],
     ) -> Plan {
-        let settings = snapshot.config.planner.memory_settings();
-        let block_size = snapshot.settings.block_spec.block_size_tokens;
-        self.follow(snapshot, settings, block_size);
+        self.follow(snapshot);
         let params = &snapshot.settings.plan;
-        let now_ms = self.started.elapsed().as_millis() as u64;
+        let now_ms = self.now_ms();
         let memory = self.model.as_mut().map(|(memory, _)| (memory, now_ms));
         let plan = plan_batch(params, replicas, requests, memory);
         for source in plan.sources.iter().flatten() {
@@ -125,6 +131,7 @@ impl WindowPlanner {
     /// Merges the windows planned so far into the model, and updates its metrics: called once
     /// a window's requests are answered, so that they do not wait for it.
     pub fn settle(&mut self) {
+        self.unsettled = false;
         if let Some((memory, _)) = &mut self.model {
             memory.settle();
             for (endpoint, blocks) in memory.replica_blocks() {
@@ -135,9 +142,16 @@ impl WindowPlanner {
         }
     }
 
-    /// Builds, rebuilds or drops the model for `settings`, and drops the models of endpoints
-    /// that left the config.
-    fn follow(&mut self, snapshot: &Snapshot, settings: Option<MemorySettings>, block_size: usize) {
+    /// Milliseconds on the planner's clock (the memory's and the arrivals' time).
+    pub(super) fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Builds, rebuilds or drops the model for `snapshot`'s memory settings, and drops the
+    /// models of endpoints that left the config.
+    pub(super) fn follow(&mut self, snapshot: &Snapshot) {
+        let settings: Option<MemorySettings> = snapshot.config.planner.memory_settings();
+        let block_size = snapshot.settings.block_spec.block_size_tokens;
         let fits = match (&self.model, settings) {
             (Some((memory, size)), Some(settings)) => {
                 memory.settings() == settings && *size == block_size

@@ -174,6 +174,7 @@ mod tests {
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(ProducerConfig::from_yaml(&yaml).unwrap(), 1)),
             memory: None,
+            arrival: None,
         }
     }
 

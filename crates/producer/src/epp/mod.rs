@@ -45,7 +45,7 @@ use tonic_health::ServingStatus;
 
 use crate::core::body::take;
 use crate::core::budget::Reserved;
-use crate::core::{Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route};
+use crate::core::{Finish, Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route};
 use messages::Routing;
 
 /// The gRPC service name of the ext_proc service, as health checks name it.
@@ -180,6 +180,8 @@ struct HttpStream {
     decided: bool,
     /// Counted in flight on its endpoint until the stream ends.
     in_flight: Option<(String, InFlight)>,
+    /// Placed on arrival: in the planner's work in flight until the stream ends.
+    finish: Option<Finish>,
 }
 
 /// Why a stream ends early: the data plane is gone, or the request was answered immediately.
@@ -200,6 +202,7 @@ impl HttpStream {
             reserved: producer.reserve(),
             decided: false,
             in_flight: None,
+            finish: None,
             producer,
         }
     }
@@ -351,8 +354,10 @@ impl HttpStream {
             placement = place => placement,
             () = self.responses.closed() => return Err(Ended),
         };
-        let route: Result<Route, Refused> =
-            placement.and_then(|placement| self.producer.route(&placement, MAX_DESTINATIONS - 1));
+        let route: Result<Route, Refused> = placement.and_then(|placement| {
+            self.finish = self.producer.finish_when_dropped(&placement);
+            self.producer.route(&placement, MAX_DESTINATIONS - 1)
+        });
         let route = match route {
             Ok(route) => route,
             Err(refused) => return self.answer_refused(refused).await,

@@ -113,6 +113,7 @@ async fn place_and_send(
         peer,
         body: &body,
         window: Some(placement.window_id),
+        finish: producer.finish_when_dropped(&placement).map(Arc::new),
     };
     upstreams.send_along(&request, &route).await
 }
@@ -132,6 +133,7 @@ async fn models(State(upstreams): State<Arc<Upstreams>>, request: Request) -> Re
             peer,
             body: &Bytes::new(),
             window: None,
+            finish: None,
         };
         upstreams.send_along(&request, &route).await
     };

@@ -20,7 +20,7 @@ use prometheus::IntGauge;
 use super::error::ProxyError;
 use super::{ProxyConfig, ENDPOINT_HEADER, WINDOW_HEADER};
 use crate::core::metrics::{Metrics, UpstreamClass};
-use crate::core::{Attempted, InFlight, Producer, Route};
+use crate::core::{Attempted, Finish, InFlight, Producer, Route};
 
 /// The replicas as the proxy reaches them: one pooled client, one config.
 pub struct Upstreams {
@@ -39,6 +39,8 @@ pub struct Outgoing<'a> {
     pub body: &'a Bytes,
     /// The window it was planned in, for the response header.
     pub window: Option<u64>,
+    /// Placed on arrival: in flight until its last attempt's answer ends.
+    pub finish: Option<Arc<Finish>>,
 }
 
 /// What one send to an upstream gave.
@@ -118,7 +120,7 @@ impl Upstreams {
     /// client as they are.
     async fn send(&self, request: &Outgoing<'_>, endpoint: &Endpoint, retry: bool) -> Sent {
         let metrics = self.producer.metrics();
-        let attempt = Attempt::start(&self.producer, &endpoint.id);
+        let attempt = Attempt::start(&self.producer, &endpoint.id, request.finish.clone());
         let started = Instant::now();
         let result = self
             .client
@@ -204,15 +206,17 @@ impl Upstreams {
 /// its answer is written or dropped.
 struct Attempt {
     _in_flight: InFlight,
+    _finish: Option<Arc<Finish>>,
     gauge: IntGauge,
 }
 
 impl Attempt {
-    fn start(producer: &Producer, id: &str) -> Self {
+    fn start(producer: &Producer, id: &str, finish: Option<Arc<Finish>>) -> Self {
         let gauge = producer.metrics().upstream_in_flight(id);
         gauge.inc();
         Attempt {
             _in_flight: producer.start_in_flight(id),
+            _finish: finish,
             gauge,
         }
     }

@@ -41,6 +41,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
     signals::raise_fd_limit();
+    let shutdown = signals::ShutdownSignals::install()?;
     let source = args.source();
     let producer = Producer::new(source.origin(), args.limits());
     source.start(producer.config_store().clone()).await?;
@@ -69,7 +70,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         source = %service.producer.config_store().source(),
         "listening"
     );
-    signals::shutdown_signal().await;
+    shutdown.received().await;
     tracing::info!("shutting down: answering the open window, then draining");
     // The Lease first: a follower leads (and is ready) while this replica drains.
     drop(leadership);

@@ -1,6 +1,8 @@
 //! The process's signals and limits: SIGTERM and SIGINT start a graceful shutdown; the open-file
 //! limit is raised so that the connection caps, not the fd limit, bound the service.
 
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
 /// Every connection is an fd: raise the soft limit to the hard one, so that the connection
 /// caps, not the fd limit, are what bounds the service.
 pub fn raise_fd_limit() {
@@ -13,19 +15,30 @@ pub fn raise_fd_limit() {
     }
 }
 
-/// Waits for SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("installing a SIGTERM handler");
+/// SIGTERM and SIGINT, caught from the moment this is made: made before the listeners are
+/// announced, so that a signal sent as soon as the service answers is never the default (an
+/// abrupt exit).
+pub struct ShutdownSignals {
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl ShutdownSignals {
+    pub fn install() -> Result<Self, String> {
+        let catch = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| format!("cannot catch {name}: {e}"))
+        };
+        Ok(ShutdownSignals {
+            terminate: catch(SignalKind::terminate(), "SIGTERM")?,
+            interrupt: catch(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    /// Waits for either.
+    pub async fn received(mut self) {
         tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
         }
     }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
 }

@@ -34,7 +34,7 @@ use super::error::PlaceError;
 use super::live::LiveEndpoints;
 use super::metrics::{Metrics, Outcome};
 use super::placement::{Placement, RequestHeld};
-use super::planning::{WindowPlan, WindowPlanner};
+use super::planning::{Planner, WindowPlan};
 use super::request::HashedRequest;
 pub use seal::SealReason;
 use seal::{GroupKey, HintedGroups};
@@ -54,7 +54,7 @@ pub struct Window {
     state: Mutex<State>,
     /// Held while a window is planned: windows are planned one at a time, each with the
     /// policy's memory of the earlier ones.
-    planning: Mutex<WindowPlanner>,
+    planning: Arc<Mutex<Planner>>,
     store: Arc<ConfigStore>,
     live: Arc<LiveEndpoints>,
     metrics: Arc<Metrics>,
@@ -125,10 +125,11 @@ impl Window {
         live: Arc<LiveEndpoints>,
         metrics: Arc<Metrics>,
         budget: Arc<ByteBudget>,
+        planning: Arc<Mutex<Planner>>,
     ) -> Arc<Self> {
         Arc::new(Window {
             state: Mutex::new(State::default()),
-            planning: Mutex::new(WindowPlanner::new(metrics.registry())),
+            planning,
             store,
             live,
             metrics,
@@ -423,7 +424,7 @@ impl Window {
     }
 
     /// The planner, for one window's planning or merge at a time.
-    fn planning(&self) -> std::sync::MutexGuard<'_, WindowPlanner> {
+    fn planning(&self) -> std::sync::MutexGuard<'_, Planner> {
         self.planning
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -475,6 +476,7 @@ fn release(planned: Planned, metrics: &Metrics) {
             sealed_by: planned.reason,
             snapshot: planned.snapshot.clone(),
             memory: RequestHeld::new(&planned.plan.held, index),
+            arrival: None,
         };
         metrics.request_wait_seconds.observe(waited.as_secs_f64());
         if reply.send(placement).is_err() {
@@ -543,6 +545,10 @@ mod tests {
     use crate::core::config_store::ConfigOrigin;
     use crate::core::request::InferenceRequest;
 
+    fn planner() -> Arc<Mutex<Planner>> {
+        Arc::new(Mutex::new(Planner::new(&prometheus::Registry::new())))
+    }
+
     fn window(yaml: &str) -> (Arc<Window>, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
@@ -552,6 +558,7 @@ mod tests {
             Arc::default(),
             metrics.clone(),
             ByteBudget::new(usize::MAX),
+            planner(),
         );
         (window, metrics)
     }
@@ -672,7 +679,13 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
         store.apply_text(&TWO.replace("20", "10000")).unwrap();
-        let window = Window::new(store, Arc::default(), metrics, ByteBudget::new(1000));
+        let window = Window::new(
+            store,
+            Arc::default(),
+            metrics,
+            ByteBudget::new(1000),
+            planner(),
+        );
         let big = window.join(None, held(&window, 5000), hasher("x")).unwrap();
         let refused = window.join(None, held(&window, 10), hasher("y"));
         assert!(
@@ -773,6 +786,7 @@ mod tests {
             Arc::default(),
             metrics,
             ByteBudget::new(usize::MAX),
+            planner(),
         );
         let first = join(&window, "0123456789abcdef");
         store

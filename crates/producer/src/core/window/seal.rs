@@ -19,6 +19,8 @@ pub enum SealReason {
     Full,
     /// The producer was shutting down.
     Shutdown,
+    /// No window: placed on arrival (zero-wait mode).
+    Arrival,
 }
 
 impl SealReason {
@@ -37,6 +39,7 @@ impl SealReason {
             SealReason::Idle => "idle",
             SealReason::Full => "full",
             SealReason::Shutdown => "shutdown",
+            SealReason::Arrival => "arrival",
         }
     }
 }
