@@ -20,6 +20,8 @@ pub const WINDOW_DURATION_MS_MAX: i64 = 10_000;
 pub const UNLIMITED: i64 = -1;
 /// The longest `memory.loadHalfLifeMs`: an hour.
 pub const LOAD_HALF_LIFE_MS_MAX: i64 = 3_600_000;
+/// The longest `engines.loadIntervalMs`: a minute.
+pub const LOAD_INTERVAL_MS_MAX: i64 = 60_000;
 
 /// How the planner balances load across replicas.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -80,6 +82,57 @@ pub struct PlannerConfig {
     /// caches, and how busy it was recently.
     #[serde(default)]
     pub memory: MemoryConfig,
+    /// What the engines tell the producer themselves: the blocks they cache (KV events), how
+    /// they tokenize, how busy they are. All off by default.
+    #[serde(default)]
+    pub engines: EngineConfig,
+}
+
+/// docs/behaviour.md §7: what the engines say about their own caches and load.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EngineConfig {
+    /// The engines' KV-cache events (vLLM `--kv-events-config`): which prefix blocks each
+    /// replica really holds, evictions and resets included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventsConfig>,
+    /// The model's tokenizer, so that text and chat prompts are hashed as the engine's tokens
+    /// (needed to match them against KV events; without it only token-id prompts match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerConfig>,
+    /// Read each replica's load from its `/metrics` (vLLM's requests running and waiting) this
+    /// often, in milliseconds; 0, the default, is off (0..=60000).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = LOAD_INTERVAL_MS_MAX))]
+    pub load_interval_ms: i64,
+}
+
+/// Where the engines' KV events come from: one of the two ways.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KvEventsConfig {
+    /// The producer binds this ZMQ endpoint (e.g. `tcp://0.0.0.0:5557`) and every engine
+    /// connects to it, publishing with its endpoint id as the topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind: Option<String>,
+    /// Each engine binds its own publisher on this port (`tcp://*:PORT`) and the producer
+    /// connects to every ready endpoint's: every producer replica hears every engine (HA).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 65535))]
+    pub connect_port: i64,
+    /// The port of each engine's replay socket (vLLM's `replay_endpoint`), asked for what a
+    /// gap in sequence numbers missed; 0: no replay (a gap forgets the replica's blocks).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 65535))]
+    pub replay_port: i64,
+}
+
+/// A model directory with `tokenizer.json`, `tokenizer_config.json` and its chat template.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenizerConfig {
+    /// The directory, in the producer's container (e.g. a mounted volume).
+    pub path: String,
 }
 
 /// docs/behaviour.md §7: memory across windows.
@@ -156,6 +209,7 @@ impl Default for PlannerConfig {
             idle_seal_ms: 0,
             seal_on_hints: enabled(),
             memory: MemoryConfig::default(),
+            engines: EngineConfig::default(),
         }
     }
 }
@@ -246,6 +300,36 @@ pub const RULES: &[Rule] = &[
         cel: "!has(self.memory) || !has(self.memory.loadHalfLifeMs) || (self.memory.loadHalfLifeMs >= 0 && self.memory.loadHalfLifeMs <= 3600000)",
         value: |c| c.memory.load_half_life_ms,
         holds: |c| (0..=LOAD_HALF_LIFE_MS_MAX).contains(&c.memory.load_half_life_ms),
+    },
+    Rule {
+        field: "engines.kvEvents.connectPort",
+        requirement: "must be 0 (off) or a port, 1 to 65535, and 0 when kvEvents.bind is set",
+        cel: "!has(self.engines) || !has(self.engines.kvEvents) || !has(self.engines.kvEvents.connectPort) || (self.engines.kvEvents.connectPort >= 0 && self.engines.kvEvents.connectPort <= 65535 && (self.engines.kvEvents.connectPort == 0 || !has(self.engines.kvEvents.bind)))",
+        value: |c| c.engines.kv_events.as_ref().map_or(0, |k| k.connect_port),
+        holds: |c| {
+            c.engines.kv_events.as_ref().is_none_or(|k| {
+                (0..=65_535).contains(&k.connect_port) && (k.connect_port == 0 || k.bind.is_none())
+            })
+        },
+    },
+    Rule {
+        field: "engines.kvEvents.replayPort",
+        requirement: "must be 0 (off) or a port, 1 to 65535",
+        cel: "!has(self.engines) || !has(self.engines.kvEvents) || !has(self.engines.kvEvents.replayPort) || (self.engines.kvEvents.replayPort >= 0 && self.engines.kvEvents.replayPort <= 65535)",
+        value: |c| c.engines.kv_events.as_ref().map_or(0, |k| k.replay_port),
+        holds: |c| {
+            c.engines
+                .kv_events
+                .as_ref()
+                .is_none_or(|k| (0..=65_535).contains(&k.replay_port))
+        },
+    },
+    Rule {
+        field: "engines.loadIntervalMs",
+        requirement: "must be between 0 (off) and 60000",
+        cel: "!has(self.engines) || !has(self.engines.loadIntervalMs) || (self.engines.loadIntervalMs >= 0 && self.engines.loadIntervalMs <= 60000)",
+        value: |c| c.engines.load_interval_ms,
+        holds: |c| (0..=LOAD_INTERVAL_MS_MAX).contains(&c.engines.load_interval_ms),
     },
 ];
 
@@ -443,6 +527,40 @@ mod tests {
     }
 
     #[test]
+    fn kv_events_take_one_topology_and_ports_in_range() {
+        let with = |bind: Option<&str>, connect_port, replay_port| {
+            let config = PlannerConfig {
+                engines: EngineConfig {
+                    kv_events: Some(KvEventsConfig {
+                        bind: bind.map(str::to_string),
+                        connect_port,
+                        replay_port,
+                    }),
+                    ..EngineConfig::default()
+                },
+                ..PlannerConfig::default()
+            };
+            config
+                .validate()
+                .err()
+                .map(|e| e.0.iter().map(|v| v.field).collect::<Vec<_>>())
+        };
+        assert_eq!(with(Some("tcp://0.0.0.0:5557"), 0, 0), None);
+        assert_eq!(with(None, 5557, 5558), None);
+        assert_eq!(
+            with(Some("tcp://0.0.0.0:5557"), 5557, 0),
+            Some(vec!["engines.kvEvents.connectPort"])
+        );
+        assert_eq!(
+            with(None, 70_000, -1),
+            Some(vec![
+                "engines.kvEvents.connectPort",
+                "engines.kvEvents.replayPort"
+            ])
+        );
+    }
+
+    #[test]
     fn boundaries_are_valid() {
         let config = PlannerConfig {
             window_duration_ms: 10_000,
@@ -458,6 +576,15 @@ mod tests {
                 enabled: true,
                 cache_tokens_per_replica: 1,
                 load_half_life_ms: 0,
+            },
+            engines: EngineConfig {
+                kv_events: Some(KvEventsConfig {
+                    bind: None,
+                    connect_port: 65_535,
+                    replay_port: 65_535,
+                }),
+                tokenizer: None,
+                load_interval_ms: 60_000,
             },
         };
         config.validate().unwrap();

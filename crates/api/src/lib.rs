@@ -16,5 +16,8 @@ pub mod ports {
     pub const EPP: u16 = 9002;
 }
 
-pub use config::{BalanceBy, ConfigError, MemoryConfig, PlannerConfig, Violation};
+pub use config::{
+    BalanceBy, ConfigError, EngineConfig, KvEventsConfig, MemoryConfig, PlannerConfig,
+    TokenizerConfig, Violation,
+};
 pub use producer_config::{Endpoint, ProducerConfig};
