@@ -104,6 +104,8 @@ pub struct InFlight {
     /// the first call with memory after `set_replicas`.
     slots: Vec<u32>,
     replica_of_slot: Vec<u32>,
+    /// The memory's departures when `slots` were mapped (a dropped replica frees its slot).
+    slot_departures: u64,
     /// Scratch for the walk, per replica.
     matches: Vec<u32>,
     matched: Vec<u32>,
@@ -169,6 +171,7 @@ impl InFlight {
             groups: HashMap::default(),
             slots: Vec::new(),
             replica_of_slot: Vec::new(),
+            slot_departures: 0,
             matches: Vec::new(),
             matched: Vec::new(),
             price_from: Vec::new(),
@@ -771,9 +774,11 @@ impl InFlight {
     fn map_slots(&mut self, memory: &mut Memory) {
         if self.slots.len() == self.replicas.len()
             && self.replica_of_slot.len() == memory.slot_count()
+            && self.slot_departures == memory.departures()
         {
             return;
         }
+        self.slot_departures = memory.departures();
         self.slots = self.replicas.iter().map(|r| memory.slot(&r.id)).collect();
         self.replica_of_slot = vec![NONE; memory.slot_count()];
         for (replica, &slot) in self.slots.iter().enumerate() {

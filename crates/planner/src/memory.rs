@@ -72,6 +72,8 @@ pub struct Memory {
     recent: Level,
     /// `RECENT_SHARE` (the tests vary it, to reach both ways of merging).
     recent_share: usize,
+    /// Calls of [`Memory::retain_replicas`] that dropped a replica (freed slots are reused).
+    departures: u64,
     scratch: Scratch,
 }
 
@@ -268,6 +270,7 @@ impl Memory {
             settled: Level::default(),
             recent: Level::default(),
             recent_share: RECENT_SHARE,
+            departures: 0,
             scratch: Scratch::default(),
         }
     }
@@ -324,6 +327,12 @@ impl Memory {
             &mut self.scratch.merged,
         );
         self.free_slots.extend(gone);
+        self.departures += 1;
+    }
+
+    /// How many times replicas were dropped: slots cached by a caller are stale once it grows.
+    pub(crate) fn departures(&self) -> u64 {
+        self.departures
     }
 
     /// The slot of `id`, made cold if the memory did not know it.
@@ -431,6 +440,16 @@ impl Memory {
 
     /// Marks `blocks` (one request's) as just used on `slot`. It shows in the model from the
     /// next [`Memory::settle`] on; nothing is evicted before.
+    /// Records that replica `id` holds `blocks` (a leading run of one prompt's chain) from
+    /// outside the planner: the engine itself said so (its KV events). Seen from the next
+    /// [`Memory::settle`], like a placement's touches.
+    pub fn touch_replica(&mut self, id: &str, blocks: &[BlockHash]) {
+        if !blocks.is_empty() {
+            let slot = self.slot(id);
+            self.touch(slot, blocks);
+        }
+    }
+
     pub(crate) fn touch(&mut self, slot: u32, blocks: &[BlockHash]) {
         let model = self.models[slot as usize].as_mut().expect("a live slot");
         model

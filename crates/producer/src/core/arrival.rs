@@ -16,8 +16,9 @@ use burst_prefix_planner::in_flight::Placement as Placed;
 use burst_prefix_planner::{Arrival, InFlight, InFlightSettings, PlacementId, Replica, Source};
 
 use super::config_store::Snapshot;
+use super::engines::Engines;
 use super::live::LiveEndpoints;
-use super::planning::Planner;
+use super::planning::{running_requests, Planner};
 use super::request::HashedRequest;
 
 /// How long a placement counts that nobody reports finished, in half-lives.
@@ -79,8 +80,14 @@ impl Planner {
         live: &LiveEndpoints,
     ) -> Arrived {
         self.follow(snapshot);
+        let engines = self.engines.clone();
+        if engines.apply_pending(self.model.as_mut().map(|(memory, _)| memory)) {
+            // What the engines hold counts for this very placement.
+            self.settle();
+        }
         let now = Instant::now();
-        self.arrivals.look_at_replicas(snapshot, live, now);
+        self.arrivals
+            .look_at_replicas(snapshot, live, &engines, now);
         let now_ms = self.now_ms();
         let arrivals = &mut self.arrivals;
         let allowed: Option<Vec<usize>> = request.endpoints.as_ref().map(|ids| {
@@ -138,7 +145,13 @@ impl Planner {
 impl Arrivals {
     /// Gives the planner the endpoints usable now when they may have changed: a new config, a
     /// cool-down begun, or one that may have ended.
-    fn look_at_replicas(&mut self, snapshot: &Snapshot, live: &LiveEndpoints, now: Instant) {
+    fn look_at_replicas(
+        &mut self,
+        snapshot: &Snapshot,
+        live: &LiveEndpoints,
+        engines: &Engines,
+        now: Instant,
+    ) {
         let seen = (snapshot.generation, live.cool_downs());
         if self.seen == Some(seen) && !self.cooling {
             return;
@@ -154,8 +167,7 @@ impl Arrivals {
             .iter()
             .map(|&i| Replica {
                 id: &endpoints[i].id,
-                running_requests: endpoints[i].running_requests.unwrap_or(0)
-                    + live.in_flight(&endpoints[i].id),
+                running_requests: running_requests(&endpoints[i], live, engines),
             })
             .collect();
         self.in_flight.set_replicas(&replicas);

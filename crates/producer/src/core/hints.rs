@@ -10,16 +10,24 @@ use super::request::error::RequestError;
 
 /// The header that carries the group-size hint.
 pub const GROUP_SIZE_HEADER: &str = "x-burst-prefix-group-size";
+/// The header that names the model weights a request was made for (RL rollouts): a new version
+/// makes the producer forget what the replicas cached under the older one.
+pub const WEIGHT_VERSION_HEADER: &str = "x-burst-prefix-weight-version";
+
+/// The longest weight version accepted.
+const MAX_WEIGHT_VERSION: usize = 256;
 
 /// The key of [`Hints`] in a request body.
 pub const HINTS_FIELD: &str = "burst_prefix";
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hints {
     /// How many requests (this one included) share this exact prompt; a window whose hinted
     /// groups are all complete is sealed at once.
     pub group_size: Option<NonZeroU32>,
+    /// The model weights the request was made for (any text, e.g. a training step).
+    pub weight_version: Option<String>,
 }
 
 impl Hints {
@@ -33,21 +41,39 @@ impl Hints {
     pub fn from_header_values<'a>(
         value: impl Fn(&str) -> Option<&'a [u8]>,
     ) -> Result<Hints, RequestError> {
-        let Some(raw) = value(GROUP_SIZE_HEADER) else {
-            return Ok(Hints::default());
-        };
-        let group_size = std::str::from_utf8(raw)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .ok_or_else(|| RequestError::Field {
-                field: format!("header {GROUP_SIZE_HEADER}"),
-                problem: format!(
-                    "expected an integer >= 1, got {:?}",
-                    String::from_utf8_lossy(raw)
-                ),
-            })?;
+        let group_size = value(GROUP_SIZE_HEADER)
+            .map(|raw| {
+                std::str::from_utf8(raw)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok())
+                    .ok_or_else(|| RequestError::Field {
+                        field: format!("header {GROUP_SIZE_HEADER}"),
+                        problem: format!(
+                            "expected an integer >= 1, got {:?}",
+                            String::from_utf8_lossy(raw)
+                        ),
+                    })
+            })
+            .transpose()?;
+        let weight_version = value(WEIGHT_VERSION_HEADER)
+            .map(|raw| {
+                std::str::from_utf8(raw)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|text| !text.is_empty() && text.len() <= MAX_WEIGHT_VERSION)
+                    .map(str::to_string)
+                    .ok_or_else(|| RequestError::Field {
+                        field: format!("header {WEIGHT_VERSION_HEADER}"),
+                        problem: format!(
+                            "expected text of 1 to {MAX_WEIGHT_VERSION} bytes, got {:?}",
+                            String::from_utf8_lossy(raw)
+                        ),
+                    })
+            })
+            .transpose()?;
         Ok(Hints {
-            group_size: Some(group_size),
+            group_size,
+            weight_version,
         })
     }
 
@@ -55,6 +81,7 @@ impl Hints {
     pub fn or(self, fallback: Hints) -> Hints {
         Hints {
             group_size: self.group_size.or(fallback.group_size),
+            weight_version: self.weight_version.or(fallback.weight_version),
         }
     }
 }
@@ -65,8 +92,9 @@ mod tests {
 
     fn from(value: Option<&'static str>) -> Result<Hints, RequestError> {
         Hints::from_header_values(|name| {
-            assert_eq!(name, GROUP_SIZE_HEADER);
-            value.map(str::as_bytes)
+            value
+                .filter(|_| name == GROUP_SIZE_HEADER)
+                .map(str::as_bytes)
         })
     }
 
@@ -85,11 +113,24 @@ mod tests {
     fn headers_win_over_the_body() {
         let header = Hints {
             group_size: NonZeroU32::new(4),
+            weight_version: Some("step-2".into()),
         };
         let body = Hints {
             group_size: NonZeroU32::new(8),
+            weight_version: Some("step-1".into()),
         };
-        assert_eq!(header.or(body), header);
-        assert_eq!(Hints::default().or(body), body);
+        assert_eq!(header.clone().or(body.clone()), header);
+        assert_eq!(Hints::default().or(body.clone()), body);
+    }
+
+    #[test]
+    fn a_weight_version_header_is_short_text() {
+        let read = |value: &'static [u8]| {
+            Hints::from_header_values(|name| (name == WEIGHT_VERSION_HEADER).then_some(value))
+        };
+        assert_eq!(read(b" 7 ").unwrap().weight_version.as_deref(), Some("7"));
+        let error = read(b"").unwrap_err();
+        assert_eq!(error.field(), "header x-burst-prefix-weight-version");
+        assert!(read(&[b'x'; 300]).is_err());
     }
 }

@@ -17,6 +17,7 @@ pub mod batch;
 pub mod body;
 pub mod budget;
 pub mod config_store;
+pub mod engines;
 pub mod error;
 pub mod hints;
 pub mod limits;
@@ -38,6 +39,7 @@ use bytes::Bytes;
 
 pub use arrival::Finish;
 pub use config_store::{ConfigOrigin, Snapshot};
+use engines::Engines;
 pub use error::{PlaceError, Refused};
 pub use hints::Hints;
 pub use limits::Limits;
@@ -52,7 +54,7 @@ use metrics::{Metrics, Outcome};
 use placement::RequestHeld;
 use planning::Planner;
 use request::HashedRequest;
-use request::InferenceRequest;
+use request::{InferenceRequest, PromptInput};
 use window::seal::SealReason;
 use window::Window;
 
@@ -85,6 +87,8 @@ pub struct Producer {
     budget: Arc<ByteBudget>,
     /// Windows and arrivals are placed under this lock, one at a time.
     planner: Arc<Mutex<Planner>>,
+    /// What the engines say themselves: blocks held, tokenizer, load.
+    engines: Arc<Engines>,
     /// Whether this replica leads (docs/behaviour.md, "High availability"); true unless leader
     /// election says otherwise.
     leading: Arc<AtomicBool>,
@@ -97,7 +101,11 @@ impl Producer {
         let store = Arc::new(ConfigStore::new(origin, metrics.clone()));
         let live = Arc::new(LiveEndpoints::default());
         let budget = ByteBudget::new(limits.max_window_bytes);
-        let planner = Arc::new(Mutex::new(Planner::new(metrics.registry())));
+        let engines = Arc::new(Engines::new(metrics.registry()));
+        let planner = Arc::new(Mutex::new(Planner::new(
+            metrics.registry(),
+            engines.clone(),
+        )));
         let window = Window::new(
             store.clone(),
             live.clone(),
@@ -113,6 +121,7 @@ impl Producer {
             limits,
             budget,
             planner,
+            engines,
             leading: Arc::new(AtomicBool::new(true)),
         }
     }
@@ -141,6 +150,12 @@ impl Producer {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// What the engines say themselves, for the feeds that tell it (KV events, load) and the
+    /// reset call.
+    pub fn engines(&self) -> &Arc<Engines> {
+        &self.engines
     }
 
     /// An empty reservation in the budget of what requests hold before they are placed, for a
@@ -214,22 +229,60 @@ impl Producer {
         }
         let ticket = {
             // The parsed request borrows the body; it is gone once the hashes are in the window.
-            let parsed = InferenceRequest::parse(request.body)?;
-            let group_size = request.hints.or(parsed.hints).group_size;
-            self.window.join(group_size, request.held, |snapshot| {
-                let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
-                if let Some(subset) = request.subset {
-                    let allowed =
-                        routing::ids_in_subset(snapshot, subset, hashed.endpoints.as_deref());
-                    if allowed.is_empty() {
-                        return Err(PlaceError::NoEligibleEndpoint);
-                    }
-                    hashed.endpoints = Some(allowed);
-                }
-                Ok(hashed)
-            })?
+            let (parsed, hints) = self.read(&request)?;
+            self.window
+                .join(hints.group_size, request.held, |snapshot| {
+                    self.hash(snapshot, &parsed, request.subset)
+                })?
         };
         ticket.placement().await.map_err(|_| PlaceError::Abandoned)
+    }
+
+    /// The request as the core places it: parsed, its hints merged (headers win over the
+    /// body), a new weight version noted, and its prompts as the engine's token ids when a
+    /// tokenizer is in use.
+    fn read<'a>(
+        &self,
+        request: &PlaceRequest<'a>,
+    ) -> Result<(InferenceRequest<'a>, Hints), PlaceError> {
+        let mut parsed = InferenceRequest::parse(request.body)?;
+        let hints = request.hints.clone().or(std::mem::take(&mut parsed.hints));
+        if let Some(version) = &hints.weight_version {
+            self.engines.weights(version);
+        }
+        if let Some(tokens) = self.engines.token_prompts(request.body, &parsed) {
+            parsed = parsed.with_token_prompts(tokens);
+        }
+        Ok((parsed, hints))
+    }
+
+    /// Hashes a read request under `snapshot`'s config, among its gateway's `subset` when it
+    /// has one, and notes what the engines hold of its first prompt.
+    fn hash(
+        &self,
+        snapshot: &Snapshot,
+        parsed: &InferenceRequest<'_>,
+        subset: Option<&[String]>,
+    ) -> Result<HashedRequest, PlaceError> {
+        let spec = snapshot.settings.block_spec;
+        let chains = parsed.block_hashes(spec);
+        if let (Some(PromptInput::Tokens(tokens)), Some(chain)) =
+            (parsed.prompts.first(), chains.first())
+        {
+            if !tokens.is_empty() {
+                self.engines
+                    .note_held(tokens, chain, spec.block_size_tokens);
+            }
+        }
+        let mut hashed = HashedRequest::from_chains(chains, parsed);
+        if let Some(subset) = subset {
+            let allowed = routing::ids_in_subset(snapshot, subset, hashed.endpoints.as_deref());
+            if allowed.is_empty() {
+                return Err(PlaceError::NoEligibleEndpoint);
+            }
+            hashed.endpoints = Some(allowed);
+        }
+        Ok(hashed)
     }
 
     /// Reads an HTTP request's body (under the body limit) and hints, and places it. The body
@@ -278,17 +331,10 @@ impl Producer {
         if snapshot.config.endpoints.is_empty() {
             return Err(PlaceError::NoEndpoints);
         }
-        let parsed = InferenceRequest::parse(request.body)?;
-        let group_size = request.hints.or(parsed.hints).group_size;
-        let mut hashed = HashedRequest::new(&parsed, snapshot.settings.block_spec);
+        let (parsed, hints) = self.read(&request)?;
+        let hashed = self.hash(&snapshot, &parsed, request.subset)?;
         drop(parsed);
-        if let Some(subset) = request.subset {
-            let allowed = routing::ids_in_subset(&snapshot, subset, hashed.endpoints.as_deref());
-            if allowed.is_empty() {
-                return Err(PlaceError::NoEligibleEndpoint);
-            }
-            hashed.endpoints = Some(allowed);
-        }
+        let group_size = hints.group_size;
         let arrived = self
             .planner
             .lock()

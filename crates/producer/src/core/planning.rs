@@ -15,12 +15,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use burst_prefix_api::Endpoint;
 use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, Source};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::arrival::Arrivals;
 use super::batch::plan_batch;
 use super::config_store::Snapshot;
+use super::engines::Engines;
 use super::live::LiveEndpoints;
 use super::placement::WindowHeld;
 use super::request::HashedRequest;
@@ -39,10 +41,12 @@ pub struct Planner {
     pub(super) arrivals: Arrivals,
     /// Touches since the model was last settled.
     pub(super) unsettled: bool,
+    /// What the engines hold and their load, applied to the model before each plan.
+    pub(super) engines: Arc<Engines>,
 }
 
 impl Planner {
-    pub fn new(registry: &Registry) -> Self {
+    pub fn new(registry: &Registry, engines: Arc<Engines>) -> Self {
         let blocks = IntGaugeVec::new(
             Opts::new(
                 "burst_prefix_memory_blocks",
@@ -72,6 +76,7 @@ impl Planner {
             placements,
             arrivals: Arrivals::default(),
             unsettled: false,
+            engines,
         }
     }
 
@@ -90,8 +95,7 @@ impl Planner {
             .iter()
             .map(|&i| Replica {
                 id: &endpoints[i].id,
-                running_requests: endpoints[i].running_requests.unwrap_or(0)
-                    + live.in_flight(&endpoints[i].id),
+                running_requests: running_requests(&endpoints[i], live, &self.engines),
             })
             .collect();
         if snapshot.generation != self.generation {
@@ -118,6 +122,8 @@ impl Planner {
         requests: &[HashedRequest],
     ) -> Plan {
         self.follow(snapshot);
+        self.engines
+            .apply_pending(self.model.as_mut().map(|(memory, _)| memory));
         let params = &snapshot.settings.plan;
         let now_ms = self.now_ms();
         let memory = self.model.as_mut().map(|(memory, _)| (memory, now_ms));
@@ -196,4 +202,18 @@ pub struct WindowPlan {
     pub held: Option<Arc<WindowHeld>>,
     /// How long planning took.
     pub seconds: f64,
+}
+
+/// What an endpoint runs now, for the tie-break: the config's figure plus the requests in flight
+/// through this producer, or its engine's own count (running and waiting) when that is known and
+/// larger (requests that reached it some other way).
+pub(super) fn running_requests(
+    endpoint: &Endpoint,
+    live: &LiveEndpoints,
+    engines: &Engines,
+) -> u64 {
+    let ours = endpoint.running_requests.unwrap_or(0) + live.in_flight(&endpoint.id);
+    engines
+        .load(&endpoint.id)
+        .map_or(ours, |engine| engine.max(ours))
 }

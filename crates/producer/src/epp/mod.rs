@@ -346,7 +346,7 @@ impl HttpStream {
         let place = producer.place(PlaceRequest {
             body: &body,
             subset: self.subset.as_deref(),
-            hints: self.hints,
+            hints: self.hints.clone(),
             held: std::mem::replace(&mut self.reserved, producer.reserve()),
         });
         // If the data plane cancels the stream meanwhile, the request leaves the window.

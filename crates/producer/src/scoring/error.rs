@@ -14,9 +14,10 @@ pub enum ApiError {
     /// A request the core refused (and counted).
     #[error("{0}")]
     Refused(#[from] Refused),
-    /// A `POST /v1/plan` body that could not be read (counted as a refused plan).
+    /// A body that could not be read, of a call that is not an inference request (`/v1/plan`,
+    /// counted as a refused plan; `/v1/memory/reset`).
     #[error("{0}")]
-    PlanBody(PlaceError),
+    Body(PlaceError),
     /// A `POST /v1/plan` input that cannot be planned.
     #[error("{0}")]
     Plan(#[from] PlanError),
@@ -31,7 +32,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Refused(refused) => refused.status(),
-            ApiError::PlanBody(error) => error.status(),
+            ApiError::Body(error) => error.status(),
             ApiError::Plan(PlanError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Plan(PlanError::Abandoned) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Plan(_) => StatusCode::BAD_REQUEST,
@@ -44,7 +45,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::Refused(refused) => refused.code(),
-            ApiError::PlanBody(error) => error.code(),
+            ApiError::Body(error) => error.code(),
             ApiError::Plan(PlanError::Request(error)) => error.code(),
             ApiError::Plan(PlanError::Config(_)) => "invalid_config",
             ApiError::Plan(PlanError::DuplicateReplica(_)) => "invalid_request",

@@ -32,7 +32,7 @@ use crate::core::body::read_body;
 use crate::core::metrics::Metrics;
 use crate::core::request::RequestError;
 use crate::core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
-use crate::core::Producer;
+use crate::core::{PlaceError, Producer};
 use error::ApiError;
 use response::{MatchesShown, ProduceResponse};
 
@@ -41,6 +41,7 @@ pub fn router(producer: Producer) -> Router {
         .route("/v1/produce", post(produce))
         .route("/v1/plan", post(plan_whole_batch))
         .route("/v1/endpoints", get(endpoints))
+        .route("/v1/memory/reset", post(reset_memory))
         .fallback(not_found)
         .layer(middleware::from_fn(request_timeout))
         .with_state(producer)
@@ -142,7 +143,7 @@ async fn plan_whole_batch(
             .map_err(|e| ApiError::Internal(e.to_string())),
         Err(error) => {
             producer.metrics().plan("refused");
-            Err(ApiError::PlanBody(error))
+            Err(ApiError::Body(error))
         }
     };
     // From here the plan job counts the outcome.
@@ -177,6 +178,38 @@ async fn plan_whole_batch(
     Ok(Json(output))
 }
 
+/// `POST /v1/memory/reset`: forget what replicas cache (after a weight update, an engine
+/// restart): `{"endpoints": [ids]}` for some, an empty body for every one.
+async fn reset_memory(
+    State(producer): State<Producer>,
+    request: Request,
+) -> Result<Json<Value>, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Reset {
+        endpoints: Option<Vec<String>>,
+    }
+    let mut reserved = producer.reserve();
+    let body = read_body(request.into_body(), producer.limits(), &mut reserved)
+        .await
+        .map_err(ApiError::Body)?;
+    let reset: Reset = if body.iter().all(u8::is_ascii_whitespace) {
+        Reset { endpoints: None }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::Body(PlaceError::BadRequest(RequestError::Field {
+                field: "body".into(),
+                problem: format!("expected {{\"endpoints\": [ids]}} or nothing: {e}"),
+            }))
+        })?
+    };
+    producer.engines().reset(reset.endpoints.as_deref());
+    tracing::info!(endpoints = ?reset.endpoints, "memory reset");
+    Ok(Json(serde_json::json!({
+        "reset": reset.endpoints.map_or(Value::from("all"), Value::from),
+    })))
+}
+
 async fn endpoints(State(producer): State<Producer>) -> Json<Value> {
     let current = producer.config();
     Json(serde_json::json!({
@@ -193,7 +226,7 @@ async fn not_found() -> (StatusCode, Json<Value>) {
         StatusCode::NOT_FOUND,
         Json(serde_json::json!({
             "error": "not_found",
-            "message": "no such route; see POST /v1/produce, POST /v1/plan, GET /v1/endpoints",
+            "message": "no such route; see POST /v1/produce, POST /v1/plan, GET /v1/endpoints, POST /v1/memory/reset, and the proxy routes POST /v1/completions, POST /v1/chat/completions, GET /v1/models",
         })),
     )
 }

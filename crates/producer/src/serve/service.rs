@@ -14,7 +14,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::core::Producer;
 use crate::listen::{self, ConnectionLimits};
 use crate::proxy::{self, ProxyConfig};
-use crate::{admin, epp, scoring};
+use crate::{admin, engine_feeds, epp, scoring};
 
 /// What a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +89,7 @@ impl Service {
     ) -> Result<Service, String> {
         let mut addrs = Vec::new();
         let mut servers = Vec::new();
+        tokio::spawn(engine_feeds::follow(producer.clone()));
         for role in Role::ALL {
             let Binding { addr, limits, tls } = binding(role);
             let tcp = TcpListener::bind(addr)

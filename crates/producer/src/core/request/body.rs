@@ -58,6 +58,7 @@ impl<'de> Visitor<'de> for BodyVisitor {
             }
             Some(model) => model,
         };
+        let is_chat = chat.is_some();
         let prompts =
             match (prompt, chat) {
                 (Some(_), Some(_)) => return Err(de::Error::custom(
@@ -83,6 +84,7 @@ impl<'de> Visitor<'de> for BodyVisitor {
             prompts,
             endpoints,
             hints,
+            chat: is_chat,
         })
     }
 }

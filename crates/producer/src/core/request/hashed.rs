@@ -25,8 +25,13 @@ impl HashedRequest {
     }
 
     pub fn new(request: &InferenceRequest<'_>, spec: BlockSpec) -> Self {
+        Self::from_chains(request.block_hashes(spec), request)
+    }
+
+    /// From `request`'s chains, already hashed.
+    pub fn from_chains(chains: Vec<Vec<BlockHash>>, request: &InferenceRequest<'_>) -> Self {
         HashedRequest {
-            blocks: request.block_hashes(spec).concat(),
+            blocks: chains.concat(),
             endpoints: request
                 .endpoints
                 .as_ref()

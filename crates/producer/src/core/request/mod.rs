@@ -32,6 +32,8 @@ pub struct InferenceRequest<'a> {
     /// Candidate endpoint ids (`"endpoints"` in the body); `None` means all.
     pub endpoints: Option<Vec<Cow<'a, str>>>,
     pub hints: Hints,
+    /// A chat request (its one prompt is its messages, flattened for the estimate).
+    pub chat: bool,
 }
 
 /// One prompt, as the request gave it.
@@ -62,6 +64,13 @@ impl<'a> InferenceRequest<'a> {
             .end()
             .map_err(|e| RequestError::Json(e.to_string()))?;
         Ok(request)
+    }
+
+    /// The same request with its prompts as the engine's token ids (from the model's
+    /// tokenizer), hashed as they are instead of as estimates.
+    pub fn with_token_prompts(mut self, prompts: Vec<Vec<u32>>) -> Self {
+        self.prompts = prompts.into_iter().map(PromptInput::Tokens).collect();
+        self
     }
 
     /// Block hashes per non-empty prompt (docs/behaviour.md §1).

@@ -246,7 +246,7 @@ fn bad_bodies_name_the_field_once() {
         ),
         (
             json!({"model": "m", "prompt": "x", "burst_prefix": {"size": 2}}),
-            "burst_prefix.size: unknown field `size`, expected `group_size`",
+            "burst_prefix.size: unknown field `size`, expected `group_size` or `weight_version`",
         ),
     ];
     for (body, expected) in cases {

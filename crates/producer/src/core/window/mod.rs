@@ -546,7 +546,9 @@ mod tests {
     use crate::core::request::InferenceRequest;
 
     fn planner() -> Arc<Mutex<Planner>> {
-        Arc::new(Mutex::new(Planner::new(&prometheus::Registry::new())))
+        let registry = prometheus::Registry::new();
+        let engines = Arc::new(crate::core::engines::Engines::new(&registry));
+        Arc::new(Mutex::new(Planner::new(&registry, engines)))
     }
 
     fn window(yaml: &str) -> (Arc<Window>, Arc<Metrics>) {
