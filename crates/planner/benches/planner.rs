@@ -1,6 +1,7 @@
 //! Hashing throughput against plain XXH64 over the same bytes, and planning time per window;
-//! `assign` against the naive reading of SPEC §4 (`tests/reference`) as the baseline where that
-//! finishes in reasonable time. Run: `cargo bench -p burst-prefix-planner` (see BENCHMARKS.md).
+//! `assign` against the naive reading of docs/behaviour.md §4 (`tests/reference`) as the baseline
+//! where that finishes in reasonable time. Run: `cargo bench -p burst-prefix-planner` (see
+//! BENCHMARKS.md).
 
 #[path = "../tests/reference/mod.rs"]
 mod reference;

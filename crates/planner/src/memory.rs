@@ -1,5 +1,5 @@
-//! Memory across windows (SPEC §7): which prefix blocks each replica probably still caches, and
-//! how much work it got recently. A value the caller keeps and passes to
+//! Memory across windows (docs/behaviour.md §7): which prefix blocks each replica probably still
+//! caches, and how much work it got recently. A value the caller keeps and passes to
 //! [`assign_with_memory`](crate::assign_with_memory); no clock inside (time comes in as
 //! `now_ms`).
 //!

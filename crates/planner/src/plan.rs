@@ -1,5 +1,5 @@
-//! Placement of one window of requests on replicas (SPEC §4), and with memory across windows
-//! (SPEC §7).
+//! Placement of one window of requests on replicas (docs/behaviour.md §4), and with memory across
+//! windows (docs/behaviour.md §7).
 //!
 //! Requests with identical prompts form groups; with `min_colocate_blocks` (N) > 0, single requests
 //! that share their first N blocks with another request become units too. Units are placed one by
@@ -40,18 +40,18 @@ use units::{count_sharers, form_units, most_constrained_first, Unit, UnitKind};
 
 use crate::memory::Memory;
 
-/// Places one window of requests (SPEC §4, exactly llm-d's behaviour). Pure and deterministic:
-/// the result depends only on the arguments, never on hash iteration order; the order of
-/// `replicas` only matters through the indices it gives them.
+/// Places one window of requests (docs/behaviour.md §4, exactly llm-d's behaviour). Pure and
+/// deterministic: the result depends only on the arguments, never on hash iteration order; the
+/// order of `replicas` only matters through the indices it gives them.
 pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &PlanParams) -> Plan {
     plan(batch, replicas, params, None)
 }
 
-/// Places one window remembering earlier ones (SPEC §7), then records this window in `memory`:
-/// every placed request's blocks are touched in its replica's cache model, and each replica's
-/// load is carried over, decaying with the memory's half-life. `now_ms` is the caller's clock
-/// (any monotonic origin, the same for every call on one memory). Replicas the memory does not
-/// know start cold; the ones it knows that are not candidates now keep their models untouched
+/// Places one window remembering earlier ones (docs/behaviour.md §7), then records this window in
+/// `memory`: every placed request's blocks are touched in its replica's cache model, and each
+/// replica's load is carried over, decaying with the memory's half-life. `now_ms` is the caller's
+/// clock (any monotonic origin, the same for every call on one memory). Replicas the memory does
+/// not know start cold; the ones it knows that are not candidates now keep their models untouched
 /// (drop them with [`Memory::retain_replicas`] when they leave for good).
 ///
 /// The touches are merged into the models by [`Memory::settle`], which this function runs first
@@ -106,7 +106,7 @@ fn plan(
     mut recall: Option<Recall<'_>>,
 ) -> Plan {
     let n = params.min_colocate_blocks;
-    // With memory the prefix preference applies from one block on (SPEC §7).
+    // With memory the prefix preference applies from one block on (docs/behaviour.md §7).
     let prefer_from = match recall {
         Some(_) => Some(n.max(1)),
         None => (n > 0).then_some(n),

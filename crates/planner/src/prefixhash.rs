@@ -1,4 +1,4 @@
-//! Prefix blocks, bit-identical to llm-d's shared `prefixhash` package (SPEC §1).
+//! Prefix blocks, bit-identical to llm-d's shared `prefixhash` package (docs/behaviour.md §1).
 //!
 //! Each prompt is a chain: `prev = XXH64(model ++ cache_salt)`, then for every block of
 //! `block_size_tokens` tokens (the trailing partial block is kept)
@@ -252,7 +252,8 @@ mod tests {
 
     #[test]
     fn cap_applies_per_prompt() {
-        // SPEC §1's vector (computed by llm-d's own Go code): maxBlocks 2, for each prompt.
+        // docs/behaviour.md §1's vector (computed by llm-d's own Go code): maxBlocks 2, for each
+        // prompt.
         let first: Vec<u32> = (1..=10).collect();
         let second: Vec<u32> = (11..=20).collect();
         let capped = hash_prompts(

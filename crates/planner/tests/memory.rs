@@ -1,4 +1,4 @@
-//! Placement with memory across windows (SPEC §7).
+//! Placement with memory across windows (docs/behaviour.md §7).
 
 use burst_prefix_planner::testing::{batch, blocks, memory, replica_ids, replicas};
 use burst_prefix_planner::{

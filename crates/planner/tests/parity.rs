@@ -1,5 +1,5 @@
-//! `assign` against the naive reading of SPEC §4 in `reference/`, on random batches: several
-//! prompts per request, caps, salts, k, N, both balance modes, endpoint lists and running
+//! `assign` against the naive reading of docs/behaviour.md §4 in `reference/`, on random batches:
+//! several prompts per request, caps, salts, k, N, both balance modes, endpoint lists and running
 //! requests that decide ties.
 
 mod reference;
@@ -160,7 +160,7 @@ proptest! {
     }
 }
 
-/// The SPEC §4 examples, through the reference too: the two readings agree on them.
+/// The docs/behaviour.md §4 examples, through the reference too: the two readings agree on them.
 #[test]
 fn reference_reads_the_spec_examples() {
     let ids = replica_ids(4);

@@ -274,7 +274,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     })
 }
 
-/// The burst policy's knobs, checked by the one validation function (SPEC §2).
+/// The burst policy's knobs, checked by the one validation function (docs/behaviour.md §2).
 fn planner_config(args: &SimulateArgs) -> Result<PlannerConfig, String> {
     let config = PlannerConfig {
         max_per_replica: args.max_per_replica,

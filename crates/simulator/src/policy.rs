@@ -224,10 +224,11 @@ impl Policy for CacheAware {
     }
 }
 
-/// Ours: the real planner on each step's window, with memory across windows ([`assign_with_memory`],
-/// SPEC §7: `burst`) or without ([`assign`], SPEC §4 exactly: `burst-nomem`). Requests it gives
-/// no affinity go to the least loaded replica (by requests of the step), as a gateway's load
-/// scorers would send them. Steps are `step_ms` apart on the memory's clock.
+/// Ours: the real planner on each step's window, with memory across windows
+/// ([`assign_with_memory`], docs/behaviour.md §7: `burst`) or without ([`assign`],
+/// docs/behaviour.md §4 exactly: `burst-nomem`). Requests it gives no affinity go to the least
+/// loaded replica (by requests of the step), as a gateway's load scorers would send them. Steps are
+/// `step_ms` apart on the memory's clock.
 #[derive(Debug)]
 pub struct Burst {
     ids: Vec<String>,

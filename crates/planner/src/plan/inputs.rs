@@ -12,7 +12,7 @@ pub enum BalanceBy {
     Tokens,
 }
 
-/// The placement knobs of SPEC §2, already validated.
+/// The placement knobs of docs/behaviour.md §2, already validated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanParams {
     /// k: at most this many members of one unit on one replica; `None` is unlimited (-1).

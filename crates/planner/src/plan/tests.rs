@@ -257,8 +257,8 @@ fn plan_params() -> impl Strategy<Value = PlanParams> {
         .prop_map(|(k, n, balance_by)| params(k, n, balance_by))
 }
 
-/// An independent, naive reading of SPEC §4 steps 1-2: which requests belong to a unit, and the
-/// members of every group.
+/// An independent, naive reading of docs/behaviour.md §4 steps 1-2: which requests belong to a
+/// unit, and the members of every group.
 fn naive_units(prompts: &[Vec<BlockHash>], n: usize) -> (Vec<bool>, Vec<Vec<usize>>) {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for (i, p) in prompts.iter().enumerate() {

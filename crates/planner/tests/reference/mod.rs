@@ -1,6 +1,7 @@
-//! A second, naive reading of SPEC §4 (placement without memory), written from the SPEC's text
-//! and not from `src/plan.rs`: plain loops over every replica, a set of held blocks per replica,
-//! and no index. The parity tests check `assign` against it; the benches use it as the baseline.
+//! A second, naive reading of docs/behaviour.md §4 (placement without memory), written from the
+//! spec's text and not from `src/plan.rs`: plain loops over every replica, a set of held blocks per
+//! replica, and no index. The parity tests check `assign` against it; the benches use it as the
+//! baseline.
 
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
