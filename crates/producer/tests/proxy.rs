@@ -13,19 +13,7 @@ use serde_json::{json, Value};
 
 /// `n` stub engines `e0..`, and the producer config that names them `ns/e{i}`.
 async fn engines(n: usize, window_ms: u64) -> (Vec<StubEngine>, String) {
-    let mut stubs = Vec::new();
-    let mut yaml = format!("windowDurationMs: {window_ms}\nendpoints:\n");
-    for i in 0..n {
-        let stub = StubEngine::start(Options::with_id(format!("e{i}")))
-            .await
-            .unwrap();
-        yaml.push_str(&format!(
-            "  - {{id: ns/e{i}, address: '{}'}}\n",
-            stub.addr()
-        ));
-        stubs.push(stub);
-    }
-    (stubs, yaml)
+    common::stub_engines(n, &format!("windowDurationMs: {window_ms}\n")).await
 }
 
 fn completion(prompt: &str) -> Value {

@@ -6,7 +6,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use burst_prefix_producer::epp::data_plane;
-use burst_prefix_stub_engine::{Options, StubEngine};
 use common::ext_proc::ExtProc;
 use common::{completion, sample, Local};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
@@ -82,18 +81,8 @@ async fn k_splits_a_group_on_arrival() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_places_on_arrival_and_a_finished_request_stops_counting() {
-    let mut stubs = Vec::new();
-    let mut yaml = String::from("windowDurationMs: 0\nbalanceBy: requests\nendpoints:\n");
-    for i in 0..2 {
-        let stub = StubEngine::start(Options::with_id(format!("e{i}")))
-            .await
-            .unwrap();
-        yaml.push_str(&format!(
-            "  - {{id: ns/e{i}, address: '{}'}}\n",
-            stub.addr()
-        ));
-        stubs.push(stub);
-    }
+    let (_stubs, yaml) =
+        common::stub_engines(2, "windowDurationMs: 0\nbalanceBy: requests\n").await;
     let local = Local::start(&yaml).await;
     let send = |prompt: String| {
         let client = local.client.clone();

@@ -141,6 +141,28 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .unwrap()
 }
 
+/// `n` stub engines `e0..`, and a producer config of `planner` (YAML lines) naming them
+/// `ns/e{i}`.
+pub async fn stub_engines(
+    n: usize,
+    planner: &str,
+) -> (Vec<burst_prefix_stub_engine::StubEngine>, String) {
+    use burst_prefix_stub_engine::{Options, StubEngine};
+    let mut stubs = Vec::new();
+    let mut yaml = format!("{planner}endpoints:\n");
+    for i in 0..n {
+        let stub = StubEngine::start(Options::with_id(format!("e{i}")))
+            .await
+            .unwrap();
+        yaml.push_str(&format!(
+            "  - {{id: ns/e{i}, address: '{}'}}\n",
+            stub.addr()
+        ));
+        stubs.push(stub);
+    }
+    (stubs, yaml)
+}
+
 /// A free loopback port nothing listens on.
 pub fn dead_address() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
