@@ -162,8 +162,8 @@ pub struct ProducerSpec {
 
 /// Where the producer pods find the model's tokenizer: a directory with `tokenizer.json`,
 /// `tokenizer_config.json` and the chat template. Exactly one of `configMap`,
-/// `persistentVolumeClaim` and `image`; a pod whose volume does not exist yet waits
-/// (ContainerCreating) until it does.
+/// `persistentVolumeClaim` and `image`; a producer pod waits (Pending, ContainerCreating) until
+/// its volume exists.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenizerVolume {
