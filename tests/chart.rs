@@ -991,10 +991,7 @@ async fn the_kv_events_example_agrees_with_its_vllm_deployment() {
     );
     assert_eq!(container_port("kv-events"), kv.connect_port);
     assert_eq!(container_port("kv-replay"), kv.replay_port);
-    assert!(args.contains(&format!(
-        "--port={}",
-        policy.spec.target_ports[0].number
-    )));
+    assert!(args.contains(&format!("--port={}", policy.spec.target_ports[0].number)));
     assert!(policy.spec.planner.engines.load_interval_ms > 0);
 
     // The producers mount the engines' claim at the model's directory.
@@ -1012,7 +1009,10 @@ async fn the_kv_events_example_agrees_with_its_vllm_deployment() {
         args[0],
         format!("{}/{}", mount.mount_path, tokenizer.sub_path.unwrap())
     );
-    assert_eq!(policy.spec.planner.engines.tokenizer, None, "the mounted one");
+    assert_eq!(
+        policy.spec.planner.engines.tokenizer, None,
+        "the mounted one"
+    );
     assert_eq!(policy.spec.producer.replicas, 2);
 }
 
