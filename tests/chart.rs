@@ -922,6 +922,100 @@ async fn example_policies_pass_server_side_dry_run() {
     assert_eq!(rl.spec.planner.min_colocate_blocks, 0);
 }
 
+/// examples/vllm-kv-events-policy.yaml: the vLLM Deployment and the policy pass the API server
+/// (server-side dry run) and agree: the policy selects the Deployment's pods on its `--port`,
+/// connects to the event and replay ports the engines bind (their `--kv-events-config` and
+/// container ports), and mounts the claim the engines load the model from, at the model's
+/// directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kv_events_example_agrees_with_its_vllm_deployment() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let ns = control_plane.namespace("kv-example").await.unwrap();
+    let output = run(
+        control_plane
+            .kubectl()
+            .args([
+                "apply",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "--namespace",
+                &ns,
+                "-f",
+            ])
+            .arg(repo().join("examples/vllm-kv-events-policy.yaml")),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("examples/vllm-kv-events-policy.yaml is refused: {e}"));
+    let list: Value = serde_json::from_str(&output).unwrap();
+    let items = list["items"].as_array().unwrap();
+    let deployment: Deployment = serde_json::from_value(items[0].clone()).unwrap();
+    let policy: BurstPrefixPolicy = serde_json::from_value(items[1].clone()).unwrap();
+    policy.spec.planner.validate().unwrap();
+
+    let pod = deployment.spec.template;
+    let labels = pod.metadata.unwrap().labels.unwrap();
+    let selector = policy.spec.selector.clone().unwrap().match_labels.unwrap();
+    assert!(
+        selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        "{selector:?} selects {labels:?}"
+    );
+    let pod = pod.spec.unwrap();
+    let vllm = &pod.containers[0];
+    let args = vllm.args.clone().unwrap();
+    let flag = |name: &str| {
+        let at = args.iter().position(|a| a == name).unwrap();
+        args[at + 1].clone()
+    };
+    let events: Value = serde_json::from_str(&flag("--kv-events-config")).unwrap();
+    assert_eq!(events["enable_kv_cache_events"], true);
+    assert_eq!(events["publisher"], "zmq");
+    let container_port = |name: &str| {
+        vllm.ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap()
+            .container_port as i64
+    };
+    let kv = policy.spec.planner.engines.kv_events.clone().unwrap();
+    assert_eq!(kv.bind, None, "the connect topology");
+    // vLLM binds because the endpoint has `*`; the producer connects to that port and the
+    // replay port.
+    assert_eq!(events["endpoint"], format!("tcp://*:{}", kv.connect_port));
+    assert_eq!(
+        events["replay_endpoint"],
+        format!("tcp://*:{}", kv.replay_port)
+    );
+    assert_eq!(container_port("kv-events"), kv.connect_port);
+    assert_eq!(container_port("kv-replay"), kv.replay_port);
+    assert!(args.contains(&format!("--port={}", policy.spec.target_ports[0].number)));
+    assert!(policy.spec.planner.engines.load_interval_ms > 0);
+
+    // The producers mount the engines' claim at the model's directory.
+    let tokenizer = policy.spec.producer.tokenizer.clone().unwrap();
+    let engines_claim = pod.volumes.unwrap()[0]
+        .persistent_volume_claim
+        .clone()
+        .unwrap();
+    assert_eq!(
+        tokenizer.persistent_volume_claim.as_deref(),
+        Some(engines_claim.claim_name.as_str())
+    );
+    let mount = &vllm.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(
+        args[0],
+        format!("{}/{}", mount.mount_path, tokenizer.sub_path.unwrap())
+    );
+    assert_eq!(
+        policy.spec.planner.engines.tokenizer, None,
+        "the mounted one"
+    );
+    assert_eq!(policy.spec.producer.replicas, 2);
+}
+
 /// The producer's TLS and drain fields: accepted by the CRD as documented, refused (with the
 /// field and the rule's message) when they contradict each other or break a bound.
 #[tokio::test(flavor = "multi_thread")]

@@ -1,7 +1,7 @@
 //! InferencePool policies on the real API server: the API missing (PoolAPIMissing), noticed when
 //! it appears (the real v1 CRD of the Gateway API Inference Extension), the pool missing
-//! (PoolNotFound), then discovered; then the example whose pool names the producer as its
-//! endpoint picker. A test binary of its own: it installs a cluster-wide CRD the other tests
+//! (PoolNotFound), then discovered, its selector also admitting the pool's pods to the producer's
+//! KV-event port; then the example whose pool names the producer as its endpoint picker. A test binary of its own: it installs a cluster-wide CRD the other tests
 //! must not see.
 
 mod common;
@@ -44,12 +44,25 @@ async fn the_pool_api_is_reported_missing_then_noticed_then_used() {
         client,
         ns,
     } = Scene::new("pool").await;
-    let operator = start_operator(control_plane, &ns, &["--pool-api-recheck-seconds", "1"]);
+    // A NetworkPolicy with every configured port closed: only the KV-event rule is left.
+    let operator = start_operator(
+        control_plane,
+        &ns,
+        &[
+            "--pool-api-recheck-seconds",
+            "1",
+            "--producer-network-policy",
+            "{}",
+        ],
+    );
     create_policy(
         &client,
         &ns,
         "llama",
-        json!({"poolRef": {"name": "llama-pool"}}),
+        json!({
+            "poolRef": {"name": "llama-pool"},
+            "engines": {"kvEvents": {"bind": "tcp://0.0.0.0:5557"}},
+        }),
     )
     .await;
 
@@ -154,6 +167,40 @@ async fn the_pool_api_is_reported_missing_then_noticed_then_used() {
     assert_eq!(epp["port"], 9002);
     // TLS by default (self-signed): HTTP/2 over TLS, GAIE's endpoint-picker convention.
     assert_eq!(epp["appProtocol"], "http2");
+
+    // The producer's KV-event port admits the pool's pods, and follows the pool's selector.
+    let event_rule = || async {
+        let policy = kubectl(
+            control_plane,
+            &[
+                "get",
+                "networkpolicy",
+                "llama-producer",
+                "-n",
+                &ns,
+                "-o",
+                "json",
+            ],
+            None,
+        );
+        let policy: serde_json::Value = serde_json::from_str(&policy).unwrap();
+        policy["spec"]["ingress"].clone()
+    };
+    assert_eq!(
+        event_rule().await,
+        json!([{"ports": [{"port": 5557, "protocol": "TCP"}],
+                "from": [{"podSelector": {"matchLabels": {"app": "llama"}}}]}])
+    );
+    kubectl(
+        control_plane,
+        &["apply", "-f", "-"],
+        Some(&pool.replace("{app: llama}", "{app: llama-v2}")),
+    );
+    eventually("the event rule to follow the pool", TIMEOUT, || async {
+        let rule = event_rule().await;
+        (rule[0]["from"][0]["podSelector"]["matchLabels"]["app"] == "llama-v2").then_some(())
+    })
+    .await;
     drop(operator);
     the_endpoint_picker_example_passes_the_real_schemas(control_plane).await;
 }

@@ -1,5 +1,6 @@
 //! The operator against a real kube-apiserver: policy → ConfigMap → real producer, pod churn,
-//! CRD validation, restoration of hand-edited children, and leader election.
+//! CRD validation, restoration of hand-edited children, leader election, and the engines' KV
+//! event port and tokenizer volume on the producer's children.
 
 mod common;
 
@@ -15,6 +16,7 @@ use common::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -645,6 +647,355 @@ async fn producers_follow_the_operator_image_and_their_replicas() {
         image_of("pinned-producer").await.as_deref(),
         Some("example.com/producer:pinned")
     );
+}
+
+/// `engines.kvEvents.bind` opens the producer's container port, a Service port and (with the
+/// operator's NetworkPolicy) an ingress rule from the policy's inference pods; the connect
+/// topology opens nothing. `spec.producer.tokenizer` mounts each kind of volume read-only,
+/// which the API server accepts in the Deployment, and the rendered config names the
+/// directory. Each step is what the operator applied (the API server took the Deployment,
+/// Service and NetworkPolicy as built), read back from the API server.
+#[tokio::test(flavor = "multi_thread")]
+async fn kv_event_port_and_tokenizer_volume_reach_the_producer_children() {
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("kv-events").await;
+    let _operator = start_operator(
+        control_plane,
+        &ns,
+        &[
+            "--producer-network-policy",
+            r#"{"api": [{"podSelector": {}}]}"#,
+        ],
+    );
+    create_policy(
+        &client,
+        &ns,
+        "rl",
+        vllm_policy(json!({
+            "engines": {"kvEvents": {"bind": "tcp://0.0.0.0:5557", "replayPort": 5558}},
+            "producer": {"tokenizer": {"configMap": "qwen-tokenizer"}},
+        })),
+    )
+    .await;
+    create_pod(&client, &ns, "vllm-0", "vllm").await;
+    set_pod_status(&client, &ns, "vllm-0", "10.1.0.1", true).await;
+
+    let services = Api::<Service>::namespaced(client.clone(), &ns);
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let network_policies = Api::<NetworkPolicy>::namespaced(client.clone(), &ns);
+    let service_ports = || async {
+        let service = services.get_opt("rl-producer").await.ok()??;
+        Some(
+            service
+                .spec?
+                .ports?
+                .into_iter()
+                .map(|p| {
+                    (
+                        p.name.unwrap_or_default(),
+                        p.port,
+                        serde_json::to_value(p.target_port).unwrap(),
+                        p.app_protocol.unwrap_or_default(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let pod_spec = || async {
+        deployments
+            .get_opt("rl-producer")
+            .await
+            .ok()??
+            .spec
+            .template
+            .spec
+    };
+    let ingress = || async {
+        let rules = network_policies
+            .get_opt("rl-producer")
+            .await
+            .ok()??
+            .spec?
+            .ingress?;
+        Some(serde_json::to_value(rules).unwrap())
+    };
+    let tokenizer_path = || async {
+        let config = producer_config(&client, &ns, "rl-producer").await?;
+        config.planner.engines.tokenizer.map(|t| t.path)
+    };
+
+    let ports = eventually("the Service's kv-events port", TIMEOUT, || async {
+        service_ports().await.filter(|ports| ports.len() == 4)
+    })
+    .await;
+    assert_eq!(
+        ports[3],
+        (
+            "kv-events".to_string(),
+            5557,
+            json!("kv-events"),
+            "tcp".to_string()
+        )
+    );
+    let pod = eventually("the producer Deployment", TIMEOUT, pod_spec).await;
+    let container = &pod.containers[0];
+    let container_ports: Vec<_> = container
+        .ports
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name.unwrap(), p.container_port))
+        .collect();
+    assert_eq!(container_ports[3], ("kv-events".to_string(), 5557));
+    let volume = &pod.volumes.as_ref().unwrap()[0];
+    assert_eq!(volume.name, "tokenizer");
+    assert_eq!(volume.config_map.as_ref().unwrap().name, "qwen-tokenizer");
+    let mount = &container.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(
+        (mount.mount_path.as_str(), mount.read_only),
+        ("/etc/burst-prefix/tokenizer", Some(true))
+    );
+    let config = producer_config(&client, &ns, "rl-producer").await.unwrap();
+    let events = config.planner.engines.kv_events.clone().unwrap();
+    assert_eq!(
+        (events.bind.as_deref(), events.replay_port),
+        (Some("tcp://0.0.0.0:5557"), 5558)
+    );
+    assert_eq!(
+        config.planner.engines.tokenizer.unwrap().path,
+        "/etc/burst-prefix/tokenizer"
+    );
+    let rules = eventually("the NetworkPolicy", TIMEOUT, ingress).await;
+    assert_eq!(
+        rules,
+        json!([
+            {"ports": [{"port": 8080, "protocol": "TCP"}], "from": [{"podSelector": {}}]},
+            {"ports": [{"port": 5557, "protocol": "TCP"}],
+             "from": [{"podSelector": {"matchLabels": {"app": "vllm"}}}]},
+        ]),
+        "the event port open to the policy's inference pods (app=vllm) only"
+    );
+
+    // The other two volumes, each taken by the API server in the Deployment.
+    let policies = Api::<BurstPrefixPolicy>::namespaced(client.clone(), &ns);
+    let patch = |spec: Value| {
+        let policies = policies.clone();
+        async move {
+            policies
+                .patch(
+                    "rl",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": spec})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    patch(json!({"producer": {"tokenizer": {
+        "configMap": null,
+        "persistentVolumeClaim": "models",
+        "subPath": "Qwen3-8B",
+    }}}))
+    .await;
+    let pod = eventually("the claim mounted", TIMEOUT, || async {
+        pod_spec().await.filter(|pod| {
+            pod.volumes.as_ref().is_some_and(|v| {
+                v[0].persistent_volume_claim.is_some() && v[0].config_map.is_none()
+            })
+        })
+    })
+    .await;
+    let claim = pod.volumes.unwrap()[0]
+        .persistent_volume_claim
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (claim.claim_name.as_str(), claim.read_only),
+        ("models", Some(true))
+    );
+    assert_eq!(
+        pod.security_context
+            .unwrap()
+            .fs_group_change_policy
+            .as_deref(),
+        Some("OnRootMismatch")
+    );
+    eventually(
+        "the config to name the claim's subPath",
+        TIMEOUT,
+        || async {
+            tokenizer_path()
+                .await
+                .filter(|p| p == "/etc/burst-prefix/tokenizer/Qwen3-8B")
+        },
+    )
+    .await;
+    patch(json!({"producer": {"tokenizer": {
+        "persistentVolumeClaim": null,
+        "subPath": null,
+        "image": "registry.example/models/qwen3-tokenizer:1",
+    }}}))
+    .await;
+    let pod = eventually("the image mounted", TIMEOUT, || async {
+        pod_spec()
+            .await
+            .filter(|pod| pod.volumes.as_ref().is_some_and(|v| v[0].image.is_some()))
+    })
+    .await;
+    assert_eq!(
+        pod.volumes.unwrap()[0]
+            .image
+            .clone()
+            .unwrap()
+            .reference
+            .as_deref(),
+        Some("registry.example/models/qwen3-tokenizer:1")
+    );
+    assert_eq!(pod.security_context.unwrap().fs_group_change_policy, None);
+    eventually("the config to name the image's root", TIMEOUT, || async {
+        tokenizer_path()
+            .await
+            .filter(|p| p == "/etc/burst-prefix/tokenizer")
+    })
+    .await;
+
+    // The connect topology: the producers connect out, so the port and the rule go; without a
+    // tokenizer the volume goes and the config names none.
+    patch(json!({
+        "engines": {"kvEvents": {"bind": null, "connectPort": 5557}},
+        "producer": {"tokenizer": null},
+    }))
+    .await;
+    eventually("the Service without kv-events", TIMEOUT, || async {
+        service_ports().await.filter(|ports| ports.len() == 3)
+    })
+    .await;
+    let pod = eventually(
+        "the Deployment without port and volume",
+        TIMEOUT,
+        || async {
+            pod_spec().await.filter(|pod| {
+                pod.volumes.is_none() && pod.containers[0].ports.as_ref().map(Vec::len) == Some(3)
+            })
+        },
+    )
+    .await;
+    assert!(pod.containers[0].volume_mounts.is_none());
+    eventually(
+        "the NetworkPolicy without the event rule",
+        TIMEOUT,
+        || async {
+            ingress()
+                .await
+                .filter(|rules| rules.as_array().is_some_and(|r| r.len() == 1))
+        },
+    )
+    .await;
+    let config = producer_config(&client, &ns, "rl-producer").await.unwrap();
+    assert_eq!(config.planner.engines.tokenizer, None);
+    assert_eq!(config.planner.engines.kv_events.unwrap().connect_port, 5557);
+
+    // What CEL cannot see: the producer's own ConfigMap as the tokenizer's.
+    create_policy(
+        &client,
+        &ns,
+        "own",
+        vllm_policy(json!({"producer": {"tokenizer": {"configMap": "own-producer"}}})),
+    )
+    .await;
+    let (_, reason, message) = eventually("InvalidConfig", TIMEOUT, || async {
+        common::condition_full(&client, &ns, "own", "ConfigValid")
+            .await
+            .filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(reason, "InvalidConfig");
+    assert!(
+        message.contains("\"own-producer\" is the producer's own ConfigMap"),
+        "{message}"
+    );
+}
+
+/// The CRD refuses a bind that is not `tcp://HOST:PORT` on every interface, a bind port the
+/// producer already uses, and a tokenizer without exactly one volume or leaving it, each with
+/// the message of the rule (the operator's validation gives the same for what an older CRD
+/// let through); it takes the documented forms.
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_binds_and_tokenizers_are_refused_by_the_crd() {
+    let control_plane = ControlPlane::shared();
+    install_crd(control_plane);
+    let ns = control_plane.namespace("kv-refused").await.unwrap();
+    let apply = |i: usize, spec: &str| {
+        kubectl_apply(
+            control_plane,
+            &format!(
+                "apiVersion: burstprefix.io/v1alpha1\nkind: BurstPrefixPolicy\nmetadata:\n  name: p-{i}\n  namespace: {ns}\nspec:\n  selector: {{matchLabels: {{app: vllm}}}}\n  targetPorts: [{{number: 8000}}]\n  {spec}\n"
+            ),
+        )
+    };
+    let bind_message =
+        "spec.engines.kvEvents.bind: Invalid value: engines.kvEvents.bind must be tcp://HOST:PORT";
+    let cases = [
+        ("engines: {kvEvents: {bind: '0.0.0.0:5557'}}", bind_message),
+        ("engines: {kvEvents: {bind: 'tcp://*:5557'}}", bind_message),
+        ("engines: {kvEvents: {bind: 'tcp://127.0.0.1:5557'}}", bind_message),
+        ("engines: {kvEvents: {bind: 'tcp://0.0.0.0:65536'}}", bind_message),
+        ("engines: {kvEvents: {bind: 'tcp://0.0.0.0:0'}}", bind_message),
+        ("engines: {kvEvents: {bind: 'tcp://0.0.0.0'}}", bind_message),
+        (
+            "engines: {kvEvents: {bind: 'tcp://0.0.0.0:9090'}}",
+            "the port of engines.kvEvents.bind must differ from producer.port, producer.metricsPort and producer.eppPort",
+        ),
+        (
+            "engines: {kvEvents: {bind: 'tcp://[::]:7000'}}\n  producer: {eppPort: 7000}",
+            "the port of engines.kvEvents.bind must differ",
+        ),
+        (
+            "engines: {kvEvents: {bind: 'tcp://0.0.0.0:5557', connectPort: 5557}}",
+            "engines.kvEvents.connectPort must be 0 (off) or a port, 1 to 65535, and 0 when kvEvents.bind is set",
+        ),
+        (
+            "producer: {tokenizer: {}}",
+            "producer.tokenizer needs exactly one of configMap, persistentVolumeClaim and image",
+        ),
+        (
+            "producer: {tokenizer: {configMap: a, image: 'b:1'}}",
+            "producer.tokenizer needs exactly one of",
+        ),
+        (
+            "producer: {tokenizer: {persistentVolumeClaim: models, subPath: ../secrets}}",
+            "producer.tokenizer.subPath must be a relative path inside the volume",
+        ),
+        (
+            "producer: {tokenizer: {image: 'm:1', subPath: /etc}}",
+            "producer.tokenizer.subPath must be a relative path",
+        ),
+        (
+            "producer: {tokenizer: {configMap: Not_A_Name}}",
+            "spec.producer.tokenizer.configMap",
+        ),
+    ];
+    for (i, (spec, message)) in cases.iter().enumerate() {
+        let stderr = apply(i, spec).expect_err(spec);
+        assert!(stderr.contains(message), "{spec}: {stderr}");
+    }
+    for (i, spec) in [
+        "engines: {kvEvents: {bind: 'tcp://0.0.0.0:5557', replayPort: 5558}}",
+        "engines: {kvEvents: {bind: 'tcp://[::]:1'}}",
+        "engines: {kvEvents: {bind: 'tcp://:::65535'}}",
+        "engines: {kvEvents: {connectPort: 5557, replayPort: 5558}}",
+        "producer: {tokenizer: {configMap: qwen-tokenizer}}",
+        "producer: {tokenizer: {persistentVolumeClaim: models, subPath: hub/Qwen3-8B}}",
+        "producer: {tokenizer: {image: 'registry.example/models/qwen3-tokenizer:1'}}",
+    ]
+    .iter()
+    .enumerate()
+    {
+        apply(100 + i, spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    }
 }
 
 /// Asks the API server whether the holder of `client`'s token may do this.

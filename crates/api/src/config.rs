@@ -112,7 +112,9 @@ pub struct EngineConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KvEventsConfig {
     /// The producer binds this ZMQ endpoint (e.g. `tcp://0.0.0.0:5557`) and every engine
-    /// connects to it, publishing with its endpoint id as the topic.
+    /// connects to it, publishing with its endpoint id as the topic. Behind the producer
+    /// Service each engine's connection reaches one producer pod (with several replicas, the
+    /// leader when it connected): for HA, use connectPort.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bind: Option<String>,
     /// Each engine binds its own publisher on this port (`tcp://*:PORT`) and the producer

@@ -2,6 +2,7 @@
 //! (docs/behaviour.md §2) with its one validation function, and the config file the producer reads.
 
 pub mod config;
+pub mod kv_events;
 pub mod policy;
 pub mod producer_config;
 

@@ -20,7 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{PlannerConfig, RULES};
-use crate::ports;
+use crate::{kv_events, ports};
 
 pub const GROUP: &str = "burstprefix.io";
 pub const VERSION: &str = "v1alpha1";
@@ -152,6 +152,79 @@ pub struct ProducerSpec {
     /// The producer's log level: error, warn, info, debug or trace.
     #[serde(default = "default_log_level")]
     pub log_level: LogLevel,
+    /// The model's tokenizer files, so that the producer hashes text and chat prompts as the
+    /// engines' tokens (docs/behaviour.md §7). Mounted read-only in the producer pods at
+    /// `/etc/burst-prefix/tokenizer`; the config's `engines.tokenizer.path` defaults to that
+    /// directory (or its `subPath`) when the policy leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerVolume>,
+}
+
+/// Where the producer pods find the model's tokenizer: a directory with `tokenizer.json`,
+/// `tokenizer_config.json` and the chat template. Exactly one of `configMap`,
+/// `persistentVolumeClaim` and `image`; a producer pod waits (Pending, ContainerCreating) until
+/// its volume exists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenizerVolume {
+    /// A ConfigMap in the policy's namespace whose keys are the files (e.g. `kubectl create
+    /// configmap NAME --from-file=DIR`). A ConfigMap holds at most 1 MiB in all, and many
+    /// `tokenizer.json` files are larger: use a claim or an image for those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(OBJECT_NAME_PATTERN))]
+    pub config_map: Option<String>,
+    /// A PersistentVolumeClaim in the policy's namespace that holds the model (e.g. the one the
+    /// engines load it from), mounted read-only. It must be mountable on the producer's node as
+    /// well: ReadOnlyMany or ReadWriteMany.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(OBJECT_NAME_PATTERN))]
+    pub persistent_volume_claim: Option<String>,
+    /// An OCI image or artifact with the files, mounted as an image volume (Kubernetes 1.35 or
+    /// later, or 1.33 with the ImageVolume feature gate, and a container runtime that supports
+    /// it), pulled with the producer's image pull secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The model directory inside the volume, relative to its root (e.g. `Qwen3-8B`), when the
+    /// files are not at the root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub sub_path: Option<String>,
+}
+
+/// The volume a [`TokenizerVolume`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerSource<'a> {
+    ConfigMap(&'a str),
+    PersistentVolumeClaim(&'a str),
+    Image(&'a str),
+}
+
+impl TokenizerVolume {
+    /// The one volume it names, `None` unless exactly one (the CRD refuses the others).
+    pub fn source(&self) -> Option<TokenizerSource<'_>> {
+        let sources: Vec<TokenizerSource<'_>> = [
+            self.config_map.as_deref().map(TokenizerSource::ConfigMap),
+            self.persistent_volume_claim
+                .as_deref()
+                .map(TokenizerSource::PersistentVolumeClaim),
+            self.image.as_deref().map(TokenizerSource::Image),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        match sources[..] {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+
+    /// Whether `subPath`, if set, stays inside the volume: relative, without a `..` element
+    /// (the CRD's rule, [`TOKENIZER_RULES`]).
+    pub fn sub_path_is_inside(&self) -> bool {
+        self.sub_path.as_deref().is_none_or(|path| {
+            !path.starts_with('/') && !path.split('/').any(|element| element == "..")
+        })
+    }
 }
 
 /// The endpoint picker's TLS: a certificate from a Secret, the self-signed default, or none.
@@ -186,6 +259,8 @@ pub struct ApiTls {
 
 /// A Secret's name: a DNS subdomain (lower case alphanumerics, '-' and '.').
 const SECRET_NAME_PATTERN: &str = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$";
+/// A ConfigMap's or a PersistentVolumeClaim's name: a DNS subdomain too.
+const OBJECT_NAME_PATTERN: &str = SECRET_NAME_PATTERN;
 
 /// A producer log level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -242,6 +317,7 @@ impl Default for ProducerSpec {
             api_tls: None,
             drain_timeout_ms: None,
             log_level: default_log_level(),
+            tokenizer: None,
         }
     }
 }
@@ -280,8 +356,32 @@ const SPEC_RULES: &[CelRule] = &[
         message: "exactly one of selector and poolRef must be set",
     },
     CelRule {
+        rule: kv_events::BIND_PORT_CLASH_CEL,
+        message: kv_events::BIND_PORT_CLASH,
+    },
+    CelRule {
         rule: "has(self.poolRef) || (has(self.targetPorts) && size(self.targetPorts) >= 1)",
         message: "targetPorts needs 1 to 8 ports when selector is used",
+    },
+];
+
+/// Rules on `spec.engines.kvEvents` (crate::kv_events).
+const KV_EVENTS_RULES: &[CelRule] = &[CelRule {
+    rule: kv_events::BIND_CEL,
+    message: kv_events::BIND_REQUIREMENT,
+}];
+
+/// Rules on `spec.producer.tokenizer`.
+const TOKENIZER_RULES: &[CelRule] = &[
+    CelRule {
+        rule: "[has(self.configMap), has(self.persistentVolumeClaim), has(self.image)].filter(set, set).size() == 1",
+        message: "producer.tokenizer needs exactly one of configMap, persistentVolumeClaim and \
+                  image",
+    },
+    CelRule {
+        rule: "!has(self.subPath) || (!self.subPath.startsWith('/') && !self.subPath.matches('(^|/)\\\\.\\\\.(/|$)'))",
+        message: "producer.tokenizer.subPath must be a relative path inside the volume, without \
+                  a '..' element",
     },
 ];
 
@@ -365,6 +465,25 @@ pub fn crd() -> CustomResourceDefinition {
     }
     let epp_tls = property(producer, "eppTls").expect("spec.producer.eppTls");
     epp_tls.x_kubernetes_validations = Some(EPP_TLS_RULES.iter().map(validation).collect());
+    let tokenizer = property(producer, "tokenizer").expect("spec.producer.tokenizer");
+    tokenizer.x_kubernetes_validations = Some(TOKENIZER_RULES.iter().map(validation).collect());
+    if let Some(image) = property(tokenizer, "image") {
+        image.max_length = Some(1024);
+        image.min_length = Some(1);
+    }
+    let events = path(spec, "engines.kvEvents").expect("spec.engines.kvEvents");
+    events.x_kubernetes_validations = Some(
+        KV_EVENTS_RULES
+            .iter()
+            .map(|rule| ValidationRule {
+                field_path: Some(".bind".to_string()),
+                ..validation(rule)
+            })
+            .collect(),
+    );
+    if let Some(bind) = property(events, "bind") {
+        bind.max_length = Some(kv_events::BIND_MAX_LENGTH);
+    }
     let expressions = path(spec, "selector.matchExpressions").expect("spec.selector");
     // Bounded, so that the API server's cost estimate of the CEL rules stays small.
     expressions.max_items = Some(32);
@@ -600,5 +719,94 @@ mod tests {
         assert_eq!(spec.planner, PlannerConfig::default());
         assert_eq!(spec.producer, ProducerSpec::default());
         assert_eq!(spec.producer.image, None);
+    }
+
+    #[test]
+    fn the_bind_and_tokenizer_rules_sit_on_their_own_fields() {
+        let mut spec = spec_schema();
+        let events = path(&mut spec, "engines.kvEvents").unwrap().clone();
+        let rules = events.x_kubernetes_validations.clone().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].rule, kv_events::BIND_CEL);
+        assert_eq!(rules[0].field_path.as_deref(), Some(".bind"));
+        assert!(rules[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("engines.kvEvents.bind must be tcp://HOST:PORT"));
+        assert_eq!(
+            events.properties.unwrap()["bind"].max_length,
+            Some(kv_events::BIND_MAX_LENGTH)
+        );
+        let spec_rules = spec.x_kubernetes_validations.clone().unwrap();
+        assert!(spec_rules
+            .iter()
+            .any(|r| r.rule == kv_events::BIND_PORT_CLASH_CEL));
+
+        let tokenizer = path(&mut spec, "producer.tokenizer").unwrap().clone();
+        let rules = tokenizer.x_kubernetes_validations.unwrap();
+        assert_eq!(rules.len(), TOKENIZER_RULES.len());
+        assert!(rules[0].rule.contains("size() == 1"), "{}", rules[0].rule);
+        // The regex as the API server reads it: `\.` in CEL, `\.` in RE2.
+        assert!(
+            rules[1].rule.contains(r"'(^|/)\\.\\.(/|$)'"),
+            "{}",
+            rules[1].rule
+        );
+        let fields = tokenizer.properties.unwrap();
+        for name in ["configMap", "persistentVolumeClaim"] {
+            assert_eq!(
+                fields[name].pattern.as_deref(),
+                Some(OBJECT_NAME_PATTERN),
+                "{name}"
+            );
+        }
+        assert_eq!(fields["image"].max_length, Some(1024));
+        // No default: a policy without a tokenizer mounts nothing.
+        let producer_default = path(&mut spec, "producer")
+            .unwrap()
+            .default
+            .clone()
+            .unwrap()
+            .0;
+        assert!(
+            producer_default.get("tokenizer").is_none(),
+            "{producer_default}"
+        );
+    }
+
+    #[test]
+    fn a_tokenizer_names_exactly_one_volume_and_stays_inside_it() {
+        let volume =
+            |json: serde_json::Value| -> TokenizerVolume { serde_json::from_value(json).unwrap() };
+        assert_eq!(
+            volume(serde_json::json!({"configMap": "t"})).source(),
+            Some(TokenizerSource::ConfigMap("t"))
+        );
+        assert_eq!(
+            volume(serde_json::json!({"persistentVolumeClaim": "m"})).source(),
+            Some(TokenizerSource::PersistentVolumeClaim("m"))
+        );
+        assert_eq!(
+            volume(serde_json::json!({"image": "i:1"})).source(),
+            Some(TokenizerSource::Image("i:1"))
+        );
+        assert_eq!(volume(serde_json::json!({})).source(), None);
+        assert_eq!(
+            volume(serde_json::json!({"configMap": "t", "image": "i:1"})).source(),
+            None
+        );
+        for (sub_path, inside) in [
+            ("Qwen3-8B", true),
+            ("hub/models--Qwen/snapshots/abc", true),
+            ("a..b/..c", true),
+            ("..", false),
+            ("a/../../b", false),
+            ("a/..", false),
+            ("/models", false),
+        ] {
+            let tokenizer = volume(serde_json::json!({"configMap": "t", "subPath": sub_path}));
+            assert_eq!(tokenizer.sub_path_is_inside(), inside, "{sub_path}");
+        }
     }
 }

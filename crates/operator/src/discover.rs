@@ -16,8 +16,19 @@ use crate::pool_api;
 
 /// Where a policy's endpoints come from.
 struct EndpointSource {
+    /// As the policy or its pool says it: what the producer's NetworkPolicy admits.
+    labels: LabelSelector,
     selector: Selector,
     ports: Vec<i32>,
+}
+
+/// What discovery found for a policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Discovered {
+    /// Its ready endpoints (docs/behaviour.md §6).
+    pub endpoints: Vec<Endpoint>,
+    /// The label selector of its inference pods, the policy's or its InferencePool's.
+    pub engines: LabelSelector,
 }
 
 async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<EndpointSource> {
@@ -44,9 +55,13 @@ async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<EndpointSo
         ),
         (None, None) => (LabelSelector::default(), Vec::new()),
     };
-    let selector =
-        Selector::try_from(selector).map_err(|e| Error::InvalidConfig(format!("selector: {e}")))?;
-    Ok(EndpointSource { selector, ports })
+    let parsed = Selector::try_from(selector.clone())
+        .map_err(|e| Error::InvalidConfig(format!("selector: {e}")))?;
+    Ok(EndpointSource {
+        labels: selector,
+        selector: parsed,
+        ports,
+    })
 }
 
 /// An InferencePool v1's `spec.selector` and `spec.targetPorts`.
@@ -73,8 +88,8 @@ fn pool_source(name: &str, data: &serde_json::Value) -> Result<(LabelSelector, V
     Ok((selector, ports))
 }
 
-/// The ready endpoints of a policy (docs/behaviour.md §6).
-pub async fn discover(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<Vec<Endpoint>> {
+/// The ready endpoints of a policy (docs/behaviour.md §6) and the selector of its pods.
+pub async fn discover(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<Discovered> {
     let source = resolve(ctx, policy).await?;
     ctx.remember_selector(&key_of(policy), &source.selector);
     let pods: Api<Pod> =
@@ -102,7 +117,10 @@ pub async fn discover(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<Vec<E
         }
         other => Error::Discovery(other),
     })?;
-    Ok(endpoints(&list.items, &source.selector, &source.ports))
+    Ok(Discovered {
+        endpoints: endpoints(&list.items, &source.selector, &source.ports),
+        engines: source.labels,
+    })
 }
 
 #[cfg(test)]

@@ -56,8 +56,13 @@ async fn pipeline(
     validate(policy, &ctx.settings.images)?;
     observed.config = Some(Ok(()));
     let found = discover(ctx, policy).await?;
-    observed.endpoints = Some(Ok(found.len()));
-    let children = desired(policy, found, &ctx.settings.producer);
+    observed.endpoints = Some(Ok(found.endpoints.len()));
+    let children = desired(
+        policy,
+        found.endpoints,
+        &found.engines,
+        &ctx.settings.producer,
+    );
     let key = key_of(policy);
     let mut accepted = ctx.take_accepted(&key);
     let applied = apply_all(&ctx.client, policy, &children, &mut accepted).await;

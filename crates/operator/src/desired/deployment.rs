@@ -4,7 +4,9 @@
 //! rolling update would wait forever for a new pod to become Ready while the old leader holds
 //! the Lease (gateway-api-inference-extension#1619): the strategy is then `Recreate`, and the
 //! replicas spread across nodes. The pods mount the TLS Secrets the policy names ([`super::tls`])
-//! and get the time to drain their requests on SIGTERM (docs/behaviour.md §11).
+//! and the model's tokenizer ([`super::tokenizer`]), open the port the producer binds for the
+//! engines' KV events, and get the time to drain their requests on SIGTERM
+//! (docs/behaviour.md §11).
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_runtime::flags::{POD_NAMESPACE_ENV, POD_NAME_ENV};
@@ -23,9 +25,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::service::{EPP, HTTP, METRICS};
+use super::service::{EPP, HTTP, KV_EVENTS, METRICS};
 use super::{
-    child_name, highly_available, labels, metadata, selector_labels, tls, ProducerDefaults,
+    child_name, highly_available, kv_events_port, labels, metadata, selector_labels, tls,
+    tokenizer, ProducerDefaults,
 };
 
 /// The distroless nonroot user of the producer image.
@@ -74,12 +77,19 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             fs_group: Some(NONROOT_GID),
+            fs_group_change_policy: tokenizer::fs_group_change_policy(policy),
             seccomp_profile: Some(runtime_default()),
             ..PodSecurityContext::default()
         }),
         containers: vec![container(policy, defaults)],
-        volumes: Some(tls::mounts(policy).iter().map(|m| m.volume()).collect())
-            .filter(|volumes: &Vec<_>| !volumes.is_empty()),
+        volumes: Some(
+            tls::mounts(policy)
+                .iter()
+                .map(|m| m.volume())
+                .chain(tokenizer::volume(policy))
+                .collect(),
+        )
+        .filter(|volumes: &Vec<_>| !volumes.is_empty()),
         termination_grace_period_seconds: Some(termination_grace_period_seconds(
             u64::try_from(policy.spec.planner.window_duration_ms).unwrap_or_default(),
             drain_timeout_ms(policy),
@@ -191,15 +201,22 @@ fn container(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Contain
             downward(POD_NAME_ENV, "metadata.name"),
             downward(POD_NAMESPACE_ENV, "metadata.namespace"),
         ]),
-        ports: Some(vec![
-            port(HTTP, producer.port),
-            port(EPP, producer.epp_port),
-            port(METRICS, producer.metrics_port),
-        ]),
+        ports: Some(
+            [
+                Some(port(HTTP, producer.port)),
+                Some(port(EPP, producer.epp_port)),
+                Some(port(METRICS, producer.metrics_port)),
+                kv_events_port(policy).map(|number| port(KV_EVENTS, number)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        ),
         volume_mounts: Some(
             tls::mounts(policy)
                 .iter()
                 .map(|m| m.volume_mount())
+                .chain(tokenizer::volume_mount(policy))
                 .collect(),
         )
         .filter(|mounts: &Vec<_>| !mounts.is_empty()),
@@ -237,7 +254,7 @@ fn runtime_default() -> SeccompProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::tests::{policy, policy_with};
+    use crate::desired::tests::{policy, policy_from, policy_with};
     use serde_json::json;
 
     #[test]
@@ -470,5 +487,78 @@ mod tests {
             args.contains("--epp-plaintext") && !args.contains("tls"),
             "{args}"
         );
+    }
+
+    #[test]
+    fn a_bound_event_endpoint_is_a_container_port_and_a_tokenizer_a_read_only_mount() {
+        let policy = policy_from(json!({
+            "engines": {"kvEvents": {"bind": "tcp://0.0.0.0:5557", "replayPort": 5558}},
+            "producer": {
+                "apiTls": {"secretName": "api-cert"},
+                "tokenizer": {"persistentVolumeClaim": "models", "subPath": "Qwen3-8B"},
+            },
+        }));
+        let pod = build(&policy, &ProducerDefaults::default())
+            .spec
+            .template
+            .spec
+            .unwrap();
+        let container = &pod.containers[0];
+        let ports: Vec<_> = container
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone().unwrap(),
+                    p.container_port,
+                    p.protocol.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ports[3..],
+            [("kv-events".to_string(), 5557, Some("TCP".to_string()))]
+        );
+        let volumes: Vec<_> = pod.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(volumes, ["api-tls", "tokenizer"]);
+        let mounts: Vec<_> = container
+            .volume_mounts
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.name, m.mount_path, m.read_only))
+            .collect();
+        assert_eq!(
+            mounts[1],
+            (
+                "tokenizer".to_string(),
+                "/etc/burst-prefix/tokenizer".to_string(),
+                Some(true)
+            )
+        );
+        let security = pod.security_context.unwrap();
+        assert_eq!(security.fs_group, Some(65532));
+        assert_eq!(
+            security.fs_group_change_policy.as_deref(),
+            Some("OnRootMismatch")
+        );
+        // The path is the producer's business (its ConfigMap), not its command line.
+        let args = container.args.clone().unwrap().join(" ");
+        assert!(
+            !args.contains("tokenizer") && !args.contains("5557"),
+            "{args}"
+        );
+
+        // Without them: the three ports, no volume, Kubernetes' fsGroup policy.
+        let plain = build(&policy_with(json!({})), &ProducerDefaults::default())
+            .spec
+            .template
+            .spec
+            .unwrap();
+        assert_eq!(plain.containers[0].ports.as_ref().unwrap().len(), 3);
+        assert!(plain.volumes.is_none());
+        assert_eq!(plain.security_context.unwrap().fs_group_change_policy, None);
     }
 }

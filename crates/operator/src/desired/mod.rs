@@ -13,6 +13,7 @@ mod role_binding;
 mod service;
 mod service_account;
 mod tls;
+mod tokenizer;
 
 use std::collections::BTreeMap;
 
@@ -26,11 +27,12 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::{Resource, ResourceExt};
 
 pub use burst_prefix_runtime::producer::CONFIG_KEY;
 pub use network_policy::NetworkPolicyPeers;
+pub use tokenizer::TOKENIZER_DIR;
 
 /// `app.kubernetes.io/managed-by` of every child: what the child watches select.
 pub const MANAGED_BY: &str = "burst-prefix-operator";
@@ -123,10 +125,29 @@ pub fn highly_available(policy: &BurstPrefixPolicy) -> bool {
     policy.spec.producer.replicas > 1
 }
 
-/// Builds the children of a policy whose config is valid, for the given endpoints.
+/// The port the producer binds for the engines' KV events (`engines.kvEvents.bind`), which its
+/// container, Service and NetworkPolicy open; `None` without a bind (or with one the
+/// validation refuses).
+pub fn kv_events_port(policy: &BurstPrefixPolicy) -> Option<i32> {
+    let bind = policy
+        .spec
+        .planner
+        .engines
+        .kv_events
+        .as_ref()?
+        .bind
+        .as_deref()?;
+    burst_prefix_api::kv_events::bind_port(bind)
+        .ok()
+        .map(i32::from)
+}
+
+/// Builds the children of a policy whose config is valid, for the given endpoints, whose pods
+/// `engines` selects (the policy's or its InferencePool's selector).
 pub fn desired(
     policy: &BurstPrefixPolicy,
     endpoints: Vec<Endpoint>,
+    engines: &LabelSelector,
     defaults: &ProducerDefaults,
 ) -> Desired {
     Desired {
@@ -141,7 +162,7 @@ pub fn desired(
         network_policy: defaults
             .network_policy
             .as_ref()
-            .map(|peers| network_policy::build(policy, peers)),
+            .map(|peers| network_policy::build(policy, peers, engines)),
         deployment: deployment::build(policy, defaults),
     }
 }
@@ -193,13 +214,20 @@ pub(crate) mod tests {
     use serde_json::json;
 
     pub fn policy_with(producer: serde_json::Value) -> BurstPrefixPolicy {
-        let spec: BurstPrefixPolicySpec = serde_json::from_value(json!({
+        policy_from(json!({"producer": producer}))
+    }
+
+    /// The test policy with `extra` spec fields (e.g. `engines`) over its own.
+    pub fn policy_from(extra: serde_json::Value) -> BurstPrefixPolicy {
+        let mut spec = json!({
             "selector": {"matchLabels": {"app": "vllm"}},
             "targetPorts": [{"number": 8000}],
             "maxPerReplica": 4,
-            "producer": producer,
-        }))
-        .unwrap();
+        });
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let spec: BurstPrefixPolicySpec = serde_json::from_value(spec).unwrap();
         let mut policy = BurstPrefixPolicy::new("rl", spec);
         policy.metadata.namespace = Some("ml".into());
         policy.metadata.uid = Some("uid-1".into());
@@ -219,6 +247,7 @@ pub(crate) mod tests {
         let desired = desired(
             &policy_with(json!({"replicas": 3})),
             vec![],
+            &LabelSelector::default(),
             &with_network_policy,
         );
         let metas = [
@@ -252,7 +281,12 @@ pub(crate) mod tests {
 
     #[test]
     fn one_replica_has_no_lease_and_no_disruption_budget() {
-        let desired = desired(&policy(), vec![], &ProducerDefaults::default());
+        let desired = desired(
+            &policy(),
+            vec![],
+            &LabelSelector::default(),
+            &ProducerDefaults::default(),
+        );
         assert!(desired.lease.is_none());
         assert!(desired.pod_disruption_budget.is_none());
         assert!(desired.network_policy.is_none(), "not asked for");

@@ -1,6 +1,9 @@
 //! The producer NetworkPolicy (the chart's `networkPolicy`, the operator's
-//! `--producer-network-policy`): who may reach each port of a policy's producer pods. Ingress
-//! only: the producers' own connections (the API server, the model servers) are not limited.
+//! `--producer-network-policy`): who may reach each port of a policy's producer pods, and, when
+//! the producer binds one (`engines.kvEvents.bind`), its KV-event port for the policy's own
+//! inference pods (its selector, or its InferencePool's). Ingress only: the producers' own
+//! connections (the API server, the model servers, their event and replay sockets when the
+//! producers connect to the engines) are not limited.
 //! A port with no peers is reachable by nobody (the kubelet's probes come from the node, which
 //! CNIs that enforce NetworkPolicy let through); a NetworkPolicy only has effect where the
 //! cluster's network plugin enforces it (docs/behaviour.md §9).
@@ -14,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 
-use super::{metadata, selector_labels};
+use super::{kv_events_port, metadata, selector_labels};
 
 /// Who may reach each producer port, as NetworkPolicy peers (pods by label, namespaces by label,
 /// address blocks); the same for every policy's producers. Parsed from the operator's
@@ -91,14 +94,25 @@ impl NetworkPolicyPeers {
     }
 }
 
-pub fn build(policy: &BurstPrefixPolicy, peers: &NetworkPolicyPeers) -> NetworkPolicy {
+/// `engines` selects the policy's inference pods in its namespace (a peer with only a
+/// `podSelector` is in the NetworkPolicy's own namespace).
+pub fn build(
+    policy: &BurstPrefixPolicy,
+    peers: &NetworkPolicyPeers,
+    engines: &LabelSelector,
+) -> NetworkPolicy {
     let producer = &policy.spec.producer;
+    let engine_pods = vec![NetworkPolicyPeer {
+        pod_selector: Some(engines.clone()),
+        ..NetworkPolicyPeer::default()
+    }];
     let ingress = [
         (producer.port, &peers.api),
         (producer.epp_port, &peers.endpoint_picker),
         (producer.metrics_port, &peers.admin),
     ]
     .into_iter()
+    .chain(kv_events_port(policy).map(|port| (port, &engine_pods)))
     .filter(|(_, from)| !from.is_empty())
     .map(|(port, from)| NetworkPolicyIngressRule {
         ports: Some(vec![NetworkPolicyPort {
@@ -127,7 +141,7 @@ pub fn build(policy: &BurstPrefixPolicy, peers: &NetworkPolicyPeers) -> NetworkP
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::tests::policy;
+    use crate::desired::tests::{policy, policy_from};
     use serde_json::json;
 
     fn peers(json: serde_json::Value) -> NetworkPolicyPeers {
@@ -146,7 +160,7 @@ mod tests {
             ],
         }));
         let policy = policy();
-        let built = build(&policy, &peers);
+        let built = build(&policy, &peers, &LabelSelector::default());
         assert_eq!(built.metadata.name.as_deref(), Some("rl-producer"));
         let spec = built.spec.unwrap();
         assert_eq!(
@@ -182,14 +196,22 @@ mod tests {
 
     #[test]
     fn a_port_without_peers_is_closed_and_no_peers_at_all_close_every_port() {
-        let built = build(&policy(), &peers(json!({"api": [{"podSelector": {}}]})));
+        let built = build(
+            &policy(),
+            &peers(json!({"api": [{"podSelector": {}}]})),
+            &LabelSelector::default(),
+        );
         let ingress = built.spec.unwrap().ingress.unwrap();
         assert_eq!(ingress.len(), 1);
         assert_eq!(
             ingress[0].ports.as_ref().unwrap()[0].port,
             Some(IntOrString::Int(8081))
         );
-        let closed = build(&policy(), &NetworkPolicyPeers::default());
+        let closed = build(
+            &policy(),
+            &NetworkPolicyPeers::default(),
+            &LabelSelector::default(),
+        );
         let spec = closed.spec.unwrap();
         assert_eq!(spec.ingress, Some(vec![]));
         // Serialized as an empty list (deny all ingress), not left out (which would mean the
@@ -226,5 +248,49 @@ mod tests {
             NetworkPolicyPeers::from_json("{}").unwrap(),
             NetworkPolicyPeers::default()
         );
+    }
+
+    #[test]
+    fn a_bound_event_port_admits_the_policys_inference_pods_only() {
+        let engines: LabelSelector = serde_json::from_value(json!({
+            "matchLabels": {"app": "vllm"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}],
+        }))
+        .unwrap();
+        let bound = policy_from(json!({"engines": {"kvEvents": {"bind": "tcp://[::]:5557"}}}));
+        // Even with every other port closed.
+        let ingress = build(&bound, &NetworkPolicyPeers::default(), &engines)
+            .spec
+            .unwrap()
+            .ingress
+            .unwrap();
+        assert_eq!(
+            serde_json::to_value(&ingress).unwrap(),
+            json!([{
+                "ports": [{"port": 5557, "protocol": "TCP"}],
+                "from": [{"podSelector": {
+                    "matchLabels": {"app": "vllm"},
+                    "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}],
+                }}],
+            }])
+        );
+        let open = peers(json!({"api": [{"podSelector": {}}]}));
+        let ports: Vec<_> = build(&bound, &open, &engines)
+            .spec
+            .unwrap()
+            .ingress
+            .unwrap()
+            .into_iter()
+            .map(|rule| rule.ports.unwrap()[0].port.clone().unwrap())
+            .collect();
+        assert_eq!(ports, [IntOrString::Int(8080), IntOrString::Int(5557)]);
+        // The producers connect out to the engines: no rule (egress is not limited).
+        let connecting = policy_from(json!({"engines": {"kvEvents": {"connectPort": 5557}}}));
+        let ingress = build(&connecting, &NetworkPolicyPeers::default(), &engines)
+            .spec
+            .unwrap()
+            .ingress
+            .unwrap();
+        assert!(ingress.is_empty(), "{ingress:?}");
     }
 }

@@ -1,18 +1,30 @@
 //! The producer Service: the API and proxy port, the gRPC endpoint-picker port (what an
-//! InferencePool's `endpointPickerRef` names) and the metrics port. Each port's `appProtocol`
-//! says what a client must speak to it, following the producer's TLS ([`super::tls`]).
+//! InferencePool's `endpointPickerRef` names), the metrics port and, when the producer binds
+//! one (`engines.kvEvents.bind`), the port the engines publish their KV events to. Each port's
+//! `appProtocol` says what a client must speak to it, following the producer's TLS
+//! ([`super::tls`]).
+//!
+//! The event port is a plain TCP port behind the Service: each engine's connection reaches the
+//! one producer pod the Service picked when it connected, a Ready one, so with several producer
+//! replicas the leader of that moment (docs/behaviour.md §10). Every producer replica hears
+//! every engine only when the producers connect to the engines (`kvEvents.connectPort`), which
+//! needs nothing here.
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_runtime::producer::EppTransport;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{metadata, selector_labels, tls};
+use super::{kv_events_port, metadata, selector_labels, tls};
 
 /// Port names, shared by the Service and the container.
 pub const HTTP: &str = "http";
 pub const EPP: &str = "epp";
 pub const METRICS: &str = "metrics";
+pub const KV_EVENTS: &str = "kv-events";
+/// The event port's appProtocol: ZeroMQ's own protocol over TCP, which no mesh speaks; `tcp`
+/// keeps one (Istio) from sniffing it as something else.
+pub const KV_EVENTS_APP_PROTOCOL: &str = "tcp";
 /// The appProtocol of a TLS endpoint picker: gRPC is HTTP/2, here over TLS (what the Gateway
 /// API Inference Extension's reference endpoint-picker Service declares).
 pub const EPP_TLS_APP_PROTOCOL: &str = "http2";
@@ -50,11 +62,18 @@ pub fn build(policy: &BurstPrefixPolicy) -> Service {
         metadata: metadata(policy),
         spec: Some(ServiceSpec {
             selector: Some(selector_labels(policy)),
-            ports: Some(vec![
-                port(HTTP, producer.port, api_scheme(policy)),
-                port(EPP, producer.epp_port, epp_app_protocol(policy)),
-                port(METRICS, producer.metrics_port, "http"),
-            ]),
+            ports: Some(
+                [
+                    Some(port(HTTP, producer.port, api_scheme(policy))),
+                    Some(port(EPP, producer.epp_port, epp_app_protocol(policy))),
+                    Some(port(METRICS, producer.metrics_port, "http")),
+                    kv_events_port(policy)
+                        .map(|number| port(KV_EVENTS, number, KV_EVENTS_APP_PROTOCOL)),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            ),
             ..ServiceSpec::default()
         }),
         status: None,
@@ -64,7 +83,7 @@ pub fn build(policy: &BurstPrefixPolicy) -> Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::tests::{policy, policy_with};
+    use crate::desired::tests::{policy, policy_from, policy_with};
     use serde_json::json;
 
     fn summary(policy: &BurstPrefixPolicy) -> Vec<(String, i32, String)> {
@@ -106,5 +125,36 @@ mod tests {
         }));
         let protocols: Vec<_> = summary(&policy).into_iter().map(|p| p.2).collect();
         assert_eq!(protocols, ["https", "kubernetes.io/h2c", "http"]);
+    }
+
+    #[test]
+    fn a_bound_event_endpoint_gets_its_own_port_and_nothing_else_does() {
+        let bound = policy_from(json!({"engines": {"kvEvents": {"bind": "tcp://0.0.0.0:5557"}}}));
+        assert_eq!(
+            summary(&bound)[3..],
+            [("kv-events".to_string(), 5557, "tcp".to_string())]
+        );
+        let service = build(&bound).spec.unwrap().ports.unwrap();
+        assert_eq!(
+            service[3].target_port,
+            Some(IntOrString::String("kv-events".into()))
+        );
+        assert_eq!(service[3].protocol.as_deref(), Some("TCP"));
+        // The producers connect to the engines: nothing to expose.
+        for engines in [
+            json!({"kvEvents": {"connectPort": 5557, "replayPort": 5558}}),
+            json!({"loadIntervalMs": 1000}),
+            json!({}),
+        ] {
+            let names: Vec<_> = summary(&policy_from(json!({"engines": engines})))
+                .into_iter()
+                .map(|p| p.0)
+                .collect();
+            assert_eq!(names, ["http", "epp", "metrics"], "{engines}");
+        }
+        // A bind the validation refuses exposes nothing either.
+        let refused =
+            policy_from(json!({"engines": {"kvEvents": {"bind": "tcp://127.0.0.1:5557"}}}));
+        assert_eq!(summary(&refused).len(), 3);
     }
 }
