@@ -17,9 +17,19 @@ pub struct ExtProc {
 
 impl ExtProc {
     pub async fn open(local: &Local) -> ExtProc {
-        let mut client = ExternalProcessorClient::connect(local.epp.clone())
+        let channel = tonic::transport::Endpoint::from_shared(local.epp.clone())
+            .expect("a valid address")
+            .connect()
             .await
             .expect("connect to the endpoint picker");
+        Self::on(channel).await
+    }
+
+    /// A stream on `channel`: the streams of clones of one channel share its connection.
+    pub async fn on(channel: tonic::transport::Channel) -> ExtProc {
+        let mut client = ExternalProcessorClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
         let (requests, outbound) = mpsc::channel(16);
         let responses = client
             .process(tokio_stream::wrappers::ReceiverStream::new(outbound))
@@ -45,6 +55,13 @@ impl ExtProc {
             .expect("an answer in time")
             .expect("no gRPC error")
             .expect("an answer, not the end of the stream")
+    }
+
+    /// The next answer, or how the stream ended instead: `Ok(None)` for a clean end.
+    pub async fn next_or_end(&mut self) -> Result<Option<ProcessingResponse>, tonic::Status> {
+        tokio::time::timeout(PATIENCE, self.responses.message())
+            .await
+            .expect("an answer or the end in time")
     }
 
     /// The stream ends cleanly (no gRPC error) with no further answer.
