@@ -63,10 +63,10 @@ fn read_to_close(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// The head of a `POST /v1/produce` declaring `length` bytes of body.
-fn head(length: usize) -> String {
+/// The head of a `POST` to `path` declaring `length` bytes of body.
+fn head(path: &str, length: usize) -> String {
     format!(
-        "POST /v1/produce HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
     )
 }
 
@@ -98,16 +98,22 @@ async fn stalled_and_dripped_bodies_get_408_at_the_body_timeout_and_a_normal_req
 
     // The attack: every connection the cap allows sends a head (content-length 100) and
     // 9 bytes of body, then nothing; one of them drips its body at 2 bytes a second instead.
+    // To the proxy's route, which has no request timeout of its own (the scoring API's 30 s
+    // would answer them too).
     let mut stalled: Vec<TcpStream> = (0..19)
         .map(|_| {
             let mut stream = TcpStream::connect(&api).unwrap();
-            stream.write_all(head(100).as_bytes()).unwrap();
+            stream
+                .write_all(head("/v1/completions", 100).as_bytes())
+                .unwrap();
             stream.write_all(b"{\"model\":").unwrap();
             stream
         })
         .collect();
     let mut dripping = TcpStream::connect(&api).unwrap();
-    dripping.write_all(head(100).as_bytes()).unwrap();
+    dripping
+        .write_all(head("/v1/completions", 100).as_bytes())
+        .unwrap();
     let mut drip = dripping.try_clone().unwrap();
     let dripper = std::thread::spawn(move || {
         // 2 B/s for at most as long as the test waits; it stops when the server closes.
@@ -176,7 +182,8 @@ async fn bodies_still_being_read_count_in_the_window_budget() {
     let api = host_port(&producer.base);
     // 800 kB of a 900 kB body, then nothing: held while it is read.
     let mut held = TcpStream::connect(&api).unwrap();
-    held.write_all(head(900_000).as_bytes()).unwrap();
+    held.write_all(head("/v1/produce", 900_000).as_bytes())
+        .unwrap();
     held.write_all(&body_of(900_000)[..800_000]).unwrap();
 
     // A whole 300 kB request is placed until the held bytes are read; from then on it is
@@ -203,7 +210,9 @@ async fn bodies_still_being_read_count_in_the_window_budget() {
     let api_clone = api.clone();
     let answer = tokio::task::spawn_blocking(move || {
         let mut partial = TcpStream::connect(&api_clone).unwrap();
-        partial.write_all(head(300_000).as_bytes()).unwrap();
+        partial
+            .write_all(head("/v1/produce", 300_000).as_bytes())
+            .unwrap();
         partial.write_all(&body_of(300_000)[..250_000]).unwrap();
         read_to_close(&mut partial)
     })
@@ -379,16 +388,24 @@ async fn a_connection_full_of_idle_streams_is_emptied_and_others_are_served_mean
         stream.send(headers(BodySendMode::FullDuplexStreamed)).await;
         idle.push(stream);
     }
-    // A 257th on that connection waits for room; it is served once the idle ones are closed.
+    // A 257th on that connection waits for room: it is served once idle ones were answered
+    // (their 408s are counted before their streams close and make room).
     let waiting = {
         let full = full.clone();
+        let metrics = format!("{}/metrics", producer.admin);
         tokio::spawn(async move {
             let mut stream = ExtProc::on(full).await;
             stream.send(headers(BodySendMode::FullDuplexStreamed)).await;
             stream
                 .send(data_plane::request_body(&completion_bytes("257th"), true))
                 .await;
-            routed(&stream.next().await)
+            let routed = routed(&stream.next().await);
+            let metrics = common::get_text(&client(), &metrics).await.1;
+            let refused = sample(
+                &metrics,
+                "burst_prefix_requests_total{outcome=\"rejected\"}",
+            );
+            (routed, refused)
         })
     };
     // Another connection is served meanwhile.
@@ -399,10 +416,15 @@ async fn a_connection_full_of_idle_streams_is_emptied_and_others_are_served_mean
         .await;
     assert!(routed(&other.next().await));
 
-    assert!(tokio::time::timeout(PATIENCE, waiting)
+    let (routed, refused_before) = tokio::time::timeout(PATIENCE, waiting)
         .await
         .expect("the 257th stream on the full connection was never served")
-        .unwrap());
+        .unwrap();
+    assert!(routed);
+    assert!(
+        refused_before >= 1.0,
+        "the 257th stream was served before any idle one was closed: no cap of 256"
+    );
     for stream in &mut idle {
         let (status, body) = immediate(&stream.next().await);
         assert_eq!(

@@ -49,6 +49,11 @@ impl ExtProc {
             .expect("the stream is open");
     }
 
+    /// Sends unless the stream is gone (the producer ended it); whether it was sent.
+    pub async fn offer(&self, request: ProcessingRequest) -> bool {
+        self.requests.send(request).await.is_ok()
+    }
+
     pub async fn next(&mut self) -> ProcessingResponse {
         tokio::time::timeout(PATIENCE, self.responses.message())
             .await

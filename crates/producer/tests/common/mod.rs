@@ -168,7 +168,20 @@ impl Binary {
     }
 
     pub fn serve_with_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Binary {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_burst-prefix-producer"))
+        Self::serve_binary(
+            std::path::Path::new(env!("CARGO_BIN_EXE_burst-prefix-producer")),
+            args,
+            env,
+        )
+    }
+
+    /// `binary` (this build's, or another build of the producer) serving on loopback.
+    pub fn serve_binary(
+        binary: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &std::path::Path)],
+    ) -> Binary {
+        let mut child = Command::new(binary)
             .envs(env.iter().copied())
             .arg("serve")
             .args([
