@@ -7,6 +7,9 @@
 //! first), and prints what it held (`VmRSS`, and the peak `VmHWM`, from `/proc/PID/status`) and
 //! what clients saw:
 //!
+//! The HTTP attacks go to the proxy's `POST /v1/completions` (the scoring API answers any request
+//! within 30 s on its own, so there they would only last that long).
+//!
 //! - `stalled`: 20 connections (the cap) each send a head declaring 100 bytes and 9 bytes of
 //!   body, then nothing: is a normal request answered, and when; `/readyz`; then a body dripped
 //!   at 2 B/s (declaring 1,000 bytes): when does the producer close it (watched for 45 s).
@@ -148,9 +151,11 @@ fn api(producer: &Binary) -> String {
     producer.base.trim_start_matches("http://").to_string()
 }
 
+/// The head of a `POST /v1/completions` (the proxy's route: the scoring API has a 30 s request
+/// timeout of its own) declaring `length` bytes of body.
 fn head(length: usize) -> String {
     format!(
-        "POST /v1/produce HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
     )
 }
 
@@ -361,16 +366,16 @@ async fn ext_proc(target: &Target) {
             let sent_at = started.elapsed();
             // What the stream gets within 35 s of the start.
             let wait = Duration::from_secs(35).saturating_sub(started.elapsed());
-            let answer = match tokio::time::timeout(wait, stream.next_or_end()).await {
-                Ok(Ok(Some(answer))) => match answer.response {
+            let answer = match stream.next_within(wait).await {
+                Some(Ok(Some(answer))) => match answer.response {
                     Some(processing_response::Response::ImmediateResponse(immediate)) => {
                         format!("{}", immediate.status.map_or(0, |s| s.code))
                     }
                     _ => "routed".to_string(),
                 },
-                Ok(Ok(None)) => "closed without an answer".to_string(),
-                Ok(Err(status)) => format!("gRPC {:?}", status.code()),
-                Err(_) => "open, no answer".to_string(),
+                Some(Ok(None)) => "closed without an answer".to_string(),
+                Some(Err(status)) => format!("gRPC {:?}", status.code()),
+                None => "open, no answer".to_string(),
             };
             answers.lock().unwrap().push((sent_at, answer));
             stream

@@ -64,9 +64,19 @@ impl ExtProc {
 
     /// The next answer, or how the stream ended instead: `Ok(None)` for a clean end.
     pub async fn next_or_end(&mut self) -> Result<Option<ProcessingResponse>, tonic::Status> {
-        tokio::time::timeout(PATIENCE, self.responses.message())
+        self.next_within(PATIENCE)
             .await
             .expect("an answer or the end in time")
+    }
+
+    /// [`ExtProc::next_or_end`] within `wait`; `None` when nothing came.
+    pub async fn next_within(
+        &mut self,
+        wait: std::time::Duration,
+    ) -> Option<Result<Option<ProcessingResponse>, tonic::Status>> {
+        tokio::time::timeout(wait, self.responses.message())
+            .await
+            .ok()
     }
 
     /// The stream ends cleanly (no gRPC error) with no further answer.
