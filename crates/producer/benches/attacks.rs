@@ -17,6 +17,10 @@
 //!   last write, and 35 s after the start (past the 30 s body timeout); what each got.
 //! - `ext-proc`: 40 endpoint-picker streams on one HTTP/2 connection each send 7.5 MB of body
 //!   (1 MB messages) without end of stream: the same figures, and how many streams were closed.
+//! - `ext-proc-partial`: 40 (`--partial-streams`) streams on one HTTP/2 connection each send 7.5 MB of one gRPC
+//!   message that declares 9,000,000 bytes (under the picker's decoding limit of the body limit
+//!   plus 1 MiB) and never send the rest: the message is never decoded, so the picker never sees
+//!   a body chunk; the same figures.
 //! - `drain`: a 20 s streaming completion through the proxy (a stub engine in this process) and
 //!   an endpoint-picker stream carrying a 20 s response, both in flight at SIGTERM: did they
 //!   complete, when did the producer exit, with which code.
@@ -58,6 +62,9 @@ struct Args {
     /// Run only this attack: stalled, bodies, ext-proc, drain.
     #[arg(long)]
     attack: Vec<String>,
+    /// Streams of `ext-proc-partial` (40 in the issue's attack).
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=256))]
+    partial_streams: u32,
     /// cargo bench passes --bench.
     #[arg(long, hide = true)]
     bench: bool,
@@ -98,6 +105,9 @@ fn main() {
         }
         if wanted("ext-proc") {
             runtime.block_on(ext_proc(&target));
+        }
+        if wanted("ext-proc-partial") {
+            runtime.block_on(ext_proc_partial(&target, args.partial_streams));
         }
         if wanted("drain") {
             runtime.block_on(drain(&target));
@@ -415,6 +425,76 @@ async fn ext_proc(target: &Target) {
          {held} MiB (peak {peak}), answered by then: {}; by 35 s: {} (RSS {at_end} MiB)",
         early.len(),
         tally(answers),
+    );
+}
+
+async fn ext_proc_partial(target: &Target, count: u32) {
+    let producer = target.serve(&fake_config(), &[]);
+    let pid = producer.pid();
+    let before = rss(pid);
+    reset_peak(pid);
+    let tcp = tokio::net::TcpStream::connect(&producer.epp).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let started = Instant::now();
+    let mut streams = Vec::new();
+    let mut client = client;
+    for _ in 0..count {
+        client = client.ready().await.unwrap();
+        let request = http::Request::post(format!(
+            "http://{}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            producer.epp
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut send) = client.send_request(request, false).unwrap();
+        // The gRPC frame: not compressed, 9,000,000 bytes declared; 7.5 MB of them sent.
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&9_000_000u32.to_be_bytes());
+        frame.resize(5 + 7_500_000, b' ');
+        send.send_data(frame.into(), false).unwrap();
+        streams.push((response, send));
+    }
+    tokio::time::sleep(Duration::from_secs(11).saturating_sub(started.elapsed())).await;
+    let held = rss(pid);
+    let peak = mib(status_bytes(pid, "VmHWM"));
+    // What each stream got by 35 s: the answer's first bytes (a message) or its end.
+    let mut outcomes = Vec::new();
+    for (response, _send) in &mut streams {
+        let wait = Duration::from_secs(35).saturating_sub(started.elapsed());
+        let outcome = match tokio::time::timeout(wait, response).await {
+            Err(_) => "no response head".to_string(),
+            Ok(Err(e)) => format!("reset ({e})"),
+            Ok(Ok(response)) => {
+                let mut body = response.into_body();
+                let wait = Duration::from_secs(35).saturating_sub(started.elapsed());
+                match tokio::time::timeout(wait, body.data()).await {
+                    Err(_) => "open, no answer".to_string(),
+                    Ok(Some(Ok(_))) => "answered".to_string(),
+                    Ok(Some(Err(e))) => format!("reset ({e})"),
+                    Ok(None) => match body.trailers().await {
+                        Ok(Some(trailers)) => format!(
+                            "closed, grpc-status {}",
+                            trailers
+                                .get("grpc-status")
+                                .map_or("?", |v| v.to_str().unwrap_or("?"))
+                        ),
+                        _ => "closed".to_string(),
+                    },
+                }
+            }
+        };
+        outcomes.push(outcome);
+    }
+    let at_end = rss(pid);
+    drop(streams);
+    driver.abort();
+    println!(
+        "ext-proc-partial: RSS {before} MiB idle; {count} streams × 7.5 MB of a 9 MB message on one \
+         connection: at 11 s RSS {held} MiB (peak {peak}); by 35 s: {} (RSS {at_end} MiB)",
+        tally(outcomes)
     );
 }
 
