@@ -15,9 +15,9 @@
 //!   at 2 B/s (declaring 1,000 bytes): when does the producer close it (watched for 45 s).
 //! - `bodies`: 40 connections each send 7.9 MB of an 8 MB body and stop: RSS 3 s after the
 //!   last write, and 35 s after the start (past the 30 s body timeout); what each got.
-//! - `ext-proc`: 40 endpoint-picker streams on one HTTP/2 connection each send 7.5 MB of body
+//! - `ext-proc`: 40 (`--streams`) endpoint-picker streams on one HTTP/2 connection each send 7.5 MB of body
 //!   (1 MB messages) without end of stream: the same figures, and how many streams were closed.
-//! - `ext-proc-partial`: 40 (`--partial-streams`) streams on one HTTP/2 connection each send 7.5 MB of one gRPC
+//! - `ext-proc-partial`: 40 (`--streams`) streams on one HTTP/2 connection each send 7.5 MB of one gRPC
 //!   message that declares 9,000,000 bytes (under the picker's decoding limit of the body limit
 //!   plus 1 MiB) and never send the rest: the message is never decoded, so the picker never sees
 //!   a body chunk; the same figures.
@@ -62,9 +62,9 @@ struct Args {
     /// Run only this attack: stalled, bodies, ext-proc, drain.
     #[arg(long)]
     attack: Vec<String>,
-    /// Streams of `ext-proc-partial` (40 in the issue's attack).
+    /// Streams of `ext-proc` and `ext-proc-partial` (40 in the issue's attack).
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=256))]
-    partial_streams: u32,
+    streams: u32,
     /// cargo bench passes --bench.
     #[arg(long, hide = true)]
     bench: bool,
@@ -104,10 +104,10 @@ fn main() {
             runtime.block_on(bodies(&target));
         }
         if wanted("ext-proc") {
-            runtime.block_on(ext_proc(&target));
+            runtime.block_on(ext_proc(&target, args.streams));
         }
         if wanted("ext-proc-partial") {
-            runtime.block_on(ext_proc_partial(&target, args.partial_streams));
+            runtime.block_on(ext_proc_partial(&target, args.streams));
         }
         if wanted("drain") {
             runtime.block_on(drain(&target));
@@ -332,7 +332,7 @@ async fn bodies(target: &Target) {
     );
 }
 
-async fn ext_proc(target: &Target) {
+async fn ext_proc(target: &Target, count: u32) {
     let producer = target.serve(&fake_config(), &[]);
     let pid = producer.pid();
     let before = rss(pid);
@@ -345,7 +345,7 @@ async fn ext_proc(target: &Target) {
     let started = Instant::now();
     let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for _ in 0..40 {
+    for _ in 0..count {
         let channel = channel.clone();
         let answers = answers.clone();
         tasks.push(tokio::spawn(async move {
@@ -394,7 +394,7 @@ async fn ext_proc(target: &Target) {
     // The figures once every stream has sent (or 30 s).
     let deadline = Instant::now() + Duration::from_secs(32);
     while Instant::now() < deadline
-        && answers.lock().unwrap().len() < 40
+        && answers.lock().unwrap().len() < count as usize
         && started.elapsed() < Duration::from_secs(8)
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -421,7 +421,7 @@ async fn ext_proc(target: &Target) {
         .collect();
     drop(streams);
     println!(
-        "ext-proc: RSS {before} MiB idle; 40 streams × 7.5 MB on one connection: at 11 s RSS \
+        "ext-proc: RSS {before} MiB idle; {count} streams × 7.5 MB on one connection: at 11 s RSS \
          {held} MiB (peak {peak}), answered by then: {}; by 35 s: {} (RSS {at_end} MiB)",
         early.len(),
         tally(answers),
