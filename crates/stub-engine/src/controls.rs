@@ -1,5 +1,6 @@
 //! The test controls a request may carry under the body field `"stub"`, which no real client
-//! sends: how many chunks, how slowly, which status, when to cut the connection.
+//! sends: how many chunks, how slowly, which status, when to cut the connection, where to
+//! redirect.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -28,6 +29,9 @@ pub struct Controls {
     /// When streaming, cut the connection after this many chunks (no `[DONE]`, no terminating
     /// chunk): an engine that dies mid-stream.
     pub abort_after_chunks: Option<u32>,
+    /// Answer with this `Location` header, `status` (302 when not given) and an empty body: a
+    /// replica that redirects (where to, the test decides).
+    pub location: Option<String>,
 }
 
 impl Controls {
@@ -87,7 +91,7 @@ mod tests {
     #[test]
     fn controls_parse() {
         let body = json!({"stub": {"chunks": 5, "chunkDelayMs": 50, "status": 503, "delayMs": 7,
-                                   "abortAfterChunks": 2}});
+                                   "abortAfterChunks": 2, "location": "http://x/"}});
         assert_eq!(
             Controls::from_body(&body).unwrap(),
             Controls {
@@ -96,6 +100,7 @@ mod tests {
                 delay_ms: 7,
                 status: Some(503),
                 abort_after_chunks: Some(2),
+                location: Some("http://x/".into()),
             }
         );
     }

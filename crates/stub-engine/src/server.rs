@@ -93,6 +93,9 @@ async fn infer(state: AppState, api: Api, headers: HeaderMap, body: Bytes) -> Re
     };
 
     sleep_ms(controls.delay_ms).await;
+    if let Some(location) = &controls.location {
+        return redirect(&state, in_flight, controls.status, location);
+    }
     let status = controls
         .status
         .or(state.options.fail_status)
@@ -210,6 +213,31 @@ fn error(state: &AppState, in_flight: InFlight, status: StatusCode, message: &st
     in_flight.complete();
     let body = openai::error(message, kind, status.as_u16());
     with_engine_id(state, (status, Json(body)).into_response())
+}
+
+/// A redirect to `location` (`stub.location`), with `status` or 302, and no body.
+fn redirect(
+    state: &AppState,
+    in_flight: InFlight,
+    status: Option<u16>,
+    location: &str,
+) -> Response {
+    let status = status
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .unwrap_or(StatusCode::FOUND);
+    let Ok(value) = HeaderValue::from_str(location) else {
+        return error(
+            state,
+            in_flight,
+            StatusCode::BAD_REQUEST,
+            "\"stub.location\" is not a valid header value",
+        );
+    };
+    in_flight.status(status.as_u16());
+    in_flight.complete();
+    let mut response = status.into_response();
+    response.headers_mut().insert(header::LOCATION, value);
+    with_engine_id(state, response)
 }
 
 fn with_engine_id(state: &AppState, mut response: Response) -> Response {

@@ -17,9 +17,19 @@ pub struct ExtProc {
 
 impl ExtProc {
     pub async fn open(local: &Local) -> ExtProc {
-        let mut client = ExternalProcessorClient::connect(local.epp.clone())
+        let channel = tonic::transport::Endpoint::from_shared(local.epp.clone())
+            .expect("a valid address")
+            .connect()
             .await
             .expect("connect to the endpoint picker");
+        Self::on(channel).await
+    }
+
+    /// A stream on `channel`: the streams of clones of one channel share its connection.
+    pub async fn on(channel: tonic::transport::Channel) -> ExtProc {
+        let mut client = ExternalProcessorClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
         let (requests, outbound) = mpsc::channel(16);
         let responses = client
             .process(tokio_stream::wrappers::ReceiverStream::new(outbound))
@@ -39,12 +49,34 @@ impl ExtProc {
             .expect("the stream is open");
     }
 
+    /// Sends unless the stream is gone (the producer ended it); whether it was sent.
+    pub async fn offer(&self, request: ProcessingRequest) -> bool {
+        self.requests.send(request).await.is_ok()
+    }
+
     pub async fn next(&mut self) -> ProcessingResponse {
         tokio::time::timeout(PATIENCE, self.responses.message())
             .await
             .expect("an answer in time")
             .expect("no gRPC error")
             .expect("an answer, not the end of the stream")
+    }
+
+    /// The next answer, or how the stream ended instead: `Ok(None)` for a clean end.
+    pub async fn next_or_end(&mut self) -> Result<Option<ProcessingResponse>, tonic::Status> {
+        self.next_within(PATIENCE)
+            .await
+            .expect("an answer or the end in time")
+    }
+
+    /// [`ExtProc::next_or_end`] within `wait`; `None` when nothing came.
+    pub async fn next_within(
+        &mut self,
+        wait: std::time::Duration,
+    ) -> Option<Result<Option<ProcessingResponse>, tonic::Status>> {
+        tokio::time::timeout(wait, self.responses.message())
+            .await
+            .ok()
     }
 
     /// The stream ends cleanly (no gRPC error) with no further answer.

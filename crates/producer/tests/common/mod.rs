@@ -179,6 +179,8 @@ pub struct Binary {
     pub child: Child,
     pub base: String,
     pub admin: String,
+    /// `ip:port` of the endpoint picker (TLS by default, h2c with `--epp-plaintext`).
+    pub epp: String,
     pub logs: Arc<Mutex<Vec<String>>>,
 }
 
@@ -188,7 +190,20 @@ impl Binary {
     }
 
     pub fn serve_with_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Binary {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_burst-prefix-producer"))
+        Self::serve_binary(
+            std::path::Path::new(env!("CARGO_BIN_EXE_burst-prefix-producer")),
+            args,
+            env,
+        )
+    }
+
+    /// `binary` (this build's, or another build of the producer) serving on loopback.
+    pub fn serve_binary(
+        binary: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &std::path::Path)],
+    ) -> Binary {
+        let mut child = Command::new(binary)
             .envs(env.iter().copied())
             .arg("serve")
             .args([
@@ -214,16 +229,15 @@ impl Binary {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Ok(event) = serde_json::from_str::<Value>(&line) {
                     if event["message"] == "listening" {
-                        let _ = found.send((
-                            event["api"].as_str().unwrap_or_default().to_string(),
-                            event["admin"].as_str().unwrap_or_default().to_string(),
-                        ));
+                        let field =
+                            |name: &str| event[name].as_str().unwrap_or_default().to_string();
+                        let _ = found.send((field("api"), field("admin"), field("epp")));
                     }
                 }
                 kept.lock().unwrap().push(line);
             }
         });
-        let (api, admin) = listening.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+        let (api, admin, epp) = listening.recv_timeout(PATIENCE).unwrap_or_else(|_| {
             panic!(
                 "the producer never listened:\n{}",
                 logs.lock().unwrap().join("\n")
@@ -233,12 +247,17 @@ impl Binary {
             child,
             base: format!("http://{api}"),
             admin: format!("http://{admin}"),
+            epp,
             logs,
         }
     }
 
     pub fn logs(&self) -> String {
         self.logs.lock().unwrap().join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn terminate(&self) {
