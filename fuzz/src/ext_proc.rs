@@ -128,6 +128,8 @@ fn check_answers(inbound: &[Result<ProcessingRequest, Status>], answers: &[Proce
         .collect();
     // Everything the data plane sent before it failed (a bad frame ends the stream).
     let sent: Vec<&ProcessingRequest> = inbound.iter().map_while(|m| m.as_ref().ok()).collect();
+    // The frame that broke the stream, if one did.
+    let broken = inbound.iter().find_map(|m| m.as_ref().err());
     // A message yields one answer at most, but the one that completes the body in full duplex:
     // the routing headers, the body handed back, and the trailers' own answer.
     assert!(answers.len() <= sent.len() + 2, "answers for each message");
@@ -171,7 +173,7 @@ fn check_answers(inbound: &[Result<ProcessingRequest, Status>], answers: &[Proce
             let message = body["message"].as_str().expect("a message");
             assert_eq!(immediate.details, format!("burst_prefix_{code}"));
             match status {
-                400 => check_bad_request(code, message, &chunks),
+                400 => check_bad_request(code, message, &chunks, broken),
                 413 => assert_eq!(code, "body_too_large"),
                 500 => assert_eq!(code, "unsupported_body_mode"),
                 503 => assert_eq!(code, "no_eligible_endpoint", "{message}"),
@@ -236,11 +238,21 @@ fn check_answers(inbound: &[Result<ProcessingRequest, Status>], answers: &[Proce
     }
 }
 
-/// A 400 names the field: the header hint, or the body's first broken field.
-fn check_bad_request(code: &str, message: &str, chunks: &[&[u8]]) {
+/// A 400 names the field: the header hint, the body's first broken field, or the frame that
+/// broke the stream before the request was routed.
+fn check_bad_request(code: &str, message: &str, chunks: &[&[u8]], broken: Option<&Status>) {
     if message.starts_with("header x-burst-prefix-group-size: ") {
         assert_eq!(code, "invalid_request");
         return;
+    }
+    if let Some(status) = broken {
+        if code == "invalid_body" {
+            assert_eq!(
+                message,
+                format!("the request body could not be read: {}", status.message())
+            );
+            return;
+        }
     }
     // The body is the chunks up to the one that ended it.
     let explained = (0..=chunks.len()).any(|n| {
