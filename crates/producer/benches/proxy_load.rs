@@ -10,10 +10,12 @@
 //!
 //! 1. Round trip of a non-streaming completion: direct, no-op proxy, and the producer proxy
 //!    with group hints (`x-burst-prefix-group-size: 8`, window `--window-ms` as the upper bound:
-//!    a window seals when its groups are complete), and with a 1 ms window and no hints (the
-//!    stack's overhead with a window that never waits long).
+//!    a window seals when its groups are complete), with a 1 ms window and no hints (the
+//!    stack's overhead with a window that never waits long), and in zero-wait mode
+//!    (`windowDurationMs: 0`, memory on, no hints: each request placed on arrival). The
+//!    zero-wait path's added p50 and p99 over direct and over the no-op proxy close the table.
 //! 2. Time to first byte of a streaming completion (SSE), at `--stream-rate`: direct, no-op
-//!    proxy, producer proxy with a 1 ms window and with hints.
+//!    proxy, producer proxy with a 1 ms window, in zero-wait mode, and with hints.
 //! 3. Isolated bursts (`--bursts`): 6 prompts x 8 samples sent at once, hinted, one after the
 //!    other: the wait of a burst that arrives within a few ms, against the stubs called directly.
 //!
@@ -41,7 +43,7 @@ use clap::Parser;
 use futures::StreamExt;
 use serde_json::json;
 use stats::args::CargoBench;
-use stats::summary;
+use stats::{percentile, summary};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -273,6 +275,11 @@ fn main() {
         );
         let fast_proxy = start_proxy(&stubs, 1).await;
         let fast = Target::one(format!("http://{}", fast_proxy.addr(Role::Api).unwrap()), false);
+        // Zero-wait mode: the default config (memory on) with windowDurationMs 0.
+        let zero_wait_proxy = start_proxy(&stubs, 0).await;
+        let zero_wait =
+            Target::one(format!("http://{}", zero_wait_proxy.addr(Role::Api).unwrap()), false);
+        const ZERO_WAIT: &str = "producer proxy, zero-wait (window 0), no hints";
         let client = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().unwrap();
 
         let plain = bodies(options.prompt_kib, false);
@@ -282,20 +289,38 @@ fn main() {
             options.rate, options.seconds, options.prompt_kib
         );
         println!("| path | samples | p50 | p99 | p99.9 | max |\n|---|---|---|---|---|---|");
+        // (p50, p99) of the baselines and of the zero-wait path.
+        let mut quantiles = std::collections::HashMap::new();
         for (name, target) in [
             ("direct to the stubs", &direct),
             ("no-op proxy (no window)", &noop),
             ("producer proxy, window 1 ms, no hints", &fast),
+            (ZERO_WAIT, &zero_wait),
             (&*format!("producer proxy, hints, window {} ms", options.window_ms), &hinted),
         ] {
             // A short warm-up, so that connection pools are full.
             let _ = open_loop(&client, target, &plain, options.rate, 0.5).await;
             let (samples, failed) =
                 open_loop(&client, target, &plain, options.rate, options.seconds).await;
-            println!("{}", summary(name, samples.iter().map(|s| s.0).collect()));
+            let mut round_trips: Vec<f64> = samples.iter().map(|s| s.0).collect();
+            round_trips.sort_by(f64::total_cmp);
+            quantiles.insert(
+                name.to_string(),
+                (percentile(&round_trips, 50.0), percentile(&round_trips, 99.0)),
+            );
+            println!("{}", summary(name, round_trips));
             if !failed.is_empty() {
                 println!("| {name}: FAILED {failed:?} | | | | | |");
             }
+        }
+        let (zero_p50, zero_p99) = quantiles[ZERO_WAIT];
+        for baseline in ["direct to the stubs", "no-op proxy (no window)"] {
+            let (p50, p99) = quantiles[baseline];
+            println!(
+                "\nzero-wait proxy over {baseline}: p50 {:+.3} ms, p99 {:+.3} ms",
+                zero_p50 - p50,
+                zero_p99 - p99
+            );
         }
         println!(
             "\nTime to first byte, streaming, open loop {} req/s for {} s (ms):\n",
@@ -306,6 +331,7 @@ fn main() {
             ("direct to the stubs", &direct),
             ("no-op proxy (no window)", &noop),
             ("producer proxy, window 1 ms, no hints", &fast),
+            (ZERO_WAIT, &zero_wait),
             (&*format!("producer proxy, hints, window {} ms", options.window_ms), &hinted),
         ] {
             let (samples, failed) = open_loop(
@@ -362,5 +388,6 @@ fn main() {
         println!("\nwindows of the hinted proxy: {}", sealed.join(", "));
         hinted_proxy.shutdown(Duration::from_secs(5)).await;
         fast_proxy.shutdown(Duration::from_secs(5)).await;
+        zero_wait_proxy.shutdown(Duration::from_secs(5)).await;
     });
 }
