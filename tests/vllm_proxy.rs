@@ -86,6 +86,7 @@ async fn a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history(
         kv_cache_gib: 1,
         threads: 2,
         max_model_len: 4096,
+        kv_events: None,
     });
     let log_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("vllm-proxy");
     let client = &client().unwrap();

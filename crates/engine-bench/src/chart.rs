@@ -192,6 +192,7 @@ mod tests {
                 seeds: vec![1],
                 model: "tiny".into(),
                 prompts: "text".into(),
+                direct_fraction: 0.0,
             },
             workloads: vec![WorkloadReport {
                 workload: "grpo".into(),

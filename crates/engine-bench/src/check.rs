@@ -11,13 +11,17 @@ use crate::routes::{Direct, Route, RouteKind};
 
 /// The simulator's policy for a route: round-robin, least-loaded, or `burst` with the proxy's
 /// planner config (its memory, if on, with its clock advanced by `step_ms` a step); none for a
-/// peer router.
+/// peer router, and none for a zero-wait proxy (the simulator plans each step as one window, so
+/// it does not model placing each request on arrival).
 fn policy(route: &Route, replicas: usize, step_ms: u64) -> Option<Box<dyn Policy>> {
     Some(match &route.kind {
         RouteKind::Direct(Direct::RoundRobin) => Box::new(RoundRobin::new(replicas)),
         RouteKind::Direct(Direct::LeastLoaded) => Box::new(LeastLoaded::new(replicas)),
         RouteKind::Proxy { .. } => {
             let config = route.planner()?;
+            if config.window_duration_ms == 0 {
+                return None;
+            }
             Box::new(Burst::new(
                 replicas,
                 config.plan_params(),
@@ -114,6 +118,8 @@ mod tests {
             .collect();
         let placeholders = Placeholders {
             cache_tokens_per_replica: 64_000,
+            kv_events_bind: "tcp://127.0.0.1:5557".into(),
+            tokenizer_path: "/models/tiny".into(),
         };
         let routes = parse(ROUTES, &placeholders).unwrap();
         let figures: Vec<RouteFigures> = routes.iter().map(figures).collect();

@@ -48,6 +48,10 @@ pub struct Vllm {
     /// `OMP_NUM_THREADS`: the machine's cores are shared by all replicas, unpinned.
     pub threads: usize,
     pub max_model_len: usize,
+    /// The ZMQ endpoint each replica connects its KV-event publisher to (`--kv-events-config`,
+    /// topic: its endpoint id, [`crate::producer::endpoint_id`]), where a proxy with
+    /// `engines.kvEvents.bind` listens; `None`: no events.
+    pub kv_events: Option<String>,
 }
 
 /// The name every replica serves its model under.
@@ -65,7 +69,7 @@ impl Engine {
         }
     }
 
-    fn command(&self, port: u16) -> Command {
+    fn command(&self, port: u16, index: usize) -> Command {
         match self {
             Engine::LlamaCpp(e) => {
                 let mut command = Command::new(&e.llama_server);
@@ -119,6 +123,18 @@ impl Engine {
                     .env("TRANSFORMERS_OFFLINE", "1")
                     .env("VLLM_NO_USAGE_STATS", "1")
                     .env("DO_NOT_TRACK", "1");
+                if let Some(endpoint) = &e.kv_events {
+                    // An endpoint without `*` is connected to, not bound: the proxy binds it
+                    // (docs/behaviour.md §7's bind topology), and a replica publishes whether
+                    // a proxy listens or not (a ZMQ publisher drops what nobody subscribed to).
+                    let config = serde_json::json!({
+                        "enable_kv_cache_events": true,
+                        "publisher": "zmq",
+                        "endpoint": endpoint,
+                        "topic": crate::producer::endpoint_id(index),
+                    });
+                    command.arg("--kv-events-config").arg(config.to_string());
+                }
                 command
             }
         }
@@ -292,7 +308,7 @@ impl Replica {
         Ok(Replica {
             index,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            process: Process::start(engine.command(port), &log)?,
+            process: Process::start(engine.command(port, index), &log)?,
         })
     }
 

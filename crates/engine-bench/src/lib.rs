@@ -5,7 +5,8 @@
 //!
 //! - [`engine`] starts, resets and stops the replicas and reads their counters ([`metrics`]);
 //!   [`process`] is a child process stopped by its id; [`producer`] runs the proxy; [`peers`]
-//!   the peer routers; [`routes`] are the routes as data; [`run`] sends a workload through one;
+//!   the peer routers; [`routes`] are the routes as data; [`run`] sends a workload through one,
+//!   [`second_path`] choosing the requests that go straight to a replica instead;
 //! - [`prompts`] turns the workloads into what clients send (text, chat, or token IDs);
 //!   [`usage`] reads the engine's usage fields; [`bound`] is the lower bound on computed tokens;
 //! - [`workloads`] are the simulator's generators at bench sizes; [`check`] runs the simulator on
@@ -23,5 +24,6 @@ pub mod prompts;
 pub mod report;
 pub mod routes;
 pub mod run;
+pub mod second_path;
 pub mod usage;
 pub mod workloads;

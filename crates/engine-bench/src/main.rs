@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use burst_prefix_engine_bench::bound::lower_bound_per_step;
 use burst_prefix_engine_bench::engine::{
-    cache_config, start_replicas, stop_replicas, tokenize, Engine, LlamaCpp, Replica, Vllm,
+    cache_config, free_port, start_replicas, stop_replicas, tokenize, Engine, LlamaCpp, Replica,
+    Vllm,
 };
 use burst_prefix_engine_bench::prompts::{as_text, as_tokens, Request};
 use burst_prefix_engine_bench::report::{Report, RouteFigures, Setup, WorkloadReport};
 use burst_prefix_engine_bench::routes::{self, Placeholders, Route, RouteKind};
 use burst_prefix_engine_bench::run::{client, run, RunOptions};
+use burst_prefix_engine_bench::second_path::parse_fraction;
 use burst_prefix_engine_bench::workloads::{bench_workloads, fold_into_vocabulary};
 use burst_prefix_engine_bench::{chart, check};
 use burst_prefix_simulator::simulate::Slots;
@@ -105,6 +107,11 @@ struct Args {
     /// equivalents: on the tiny model a decoded token takes ~5 prompt tokens' time.
     #[arg(long, default_value_t = 24)]
     simulator_overhead_tokens: u64,
+    /// The share (0 to 1) of each step's requests sent straight to a replica (round-robin over
+    /// them) instead of through the route, on every route: prompts that also arrive by a second
+    /// path. Chosen by a hash of the seed, the step and the request, the same on every route.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
+    direct_fraction: f64,
     /// The whole bench stops after this many seconds.
     #[arg(long, default_value_t = 7200)]
     time_limit_s: u64,
@@ -131,7 +138,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn engine(args: &Args) -> Engine {
+/// The engine of `args`; vLLM's replicas publish their KV events to `kv_events_bind`.
+fn engine(args: &Args, kv_events_bind: &str) -> Engine {
     match args.engine {
         EngineName::LlamaCpp => Engine::LlamaCpp(LlamaCpp {
             llama_server: args.llama_server.clone().expect("required"),
@@ -150,6 +158,7 @@ fn engine(args: &Args) -> Engine {
             // with 1, computing the same tokens).
             threads: args.threads.unwrap_or(1),
             max_model_len: 4096,
+            kv_events: Some(kv_events_bind.to_string()),
         }),
     }
 }
@@ -172,7 +181,10 @@ struct Kept {
 async fn bench(args: &Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("cannot create {}", args.out_dir.display()))?;
-    let engine = engine(args);
+    // Where a route's proxy with engines.kvEvents binds (${kvEventsBind}) and every vLLM replica
+    // publishes, on every route: a publisher drops what no proxy listens to.
+    let kv_events_bind = format!("tcp://127.0.0.1:{}", free_port()?);
+    let engine = engine(args, &kv_events_bind);
     let client = &client()?;
     let started = Instant::now();
     // vLLM's replicas are started once and reset between routes; llama-server's per route.
@@ -189,7 +201,7 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
         engine.name(),
         started.elapsed()
     );
-    let result = bench_on(args, &engine, kept.as_ref(), client).await;
+    let result = bench_on(args, &engine, kept.as_ref(), &kv_events_bind, client).await;
     if let Some(kept) = kept {
         stop_replicas(kept.replicas).await;
     }
@@ -200,6 +212,7 @@ async fn bench_on(
     args: &Args,
     engine: &Engine,
     kept: Option<&Kept>,
+    kv_events_bind: &str,
     client: &reqwest::Client,
 ) -> anyhow::Result<()> {
     let probed = probe(args, engine, kept, client).await?;
@@ -207,8 +220,26 @@ async fn bench_on(
         .with_context(|| format!("cannot read {}", args.routes.display()))?;
     let placeholders = Placeholders {
         cache_tokens_per_replica: probed.cache_tokens_per_replica,
+        kv_events_bind: kv_events_bind.to_string(),
+        // llama.cpp: its GGUF, never loaded as a tokenizer (the routes that need one, with KV
+        // events, are skipped there).
+        tokenizer_path: match engine {
+            Engine::Vllm(e) => e.model.display().to_string(),
+            Engine::LlamaCpp(e) => e.model.display().to_string(),
+        },
     };
-    let routes: Vec<Route> = routes::parse(&text, &placeholders)?
+    let routes: Vec<Route> = routes::parse(&text, &placeholders)?;
+    if let Some(unknown) = args
+        .only_routes
+        .iter()
+        .find(|name| !routes.iter().any(|r| &&r.name == name))
+    {
+        bail!(
+            "--only-routes: no route {unknown:?} in {}",
+            args.routes.display()
+        );
+    }
+    let routes: Vec<Route> = routes
         .into_iter()
         .filter(|r| args.only_routes.is_empty() || args.only_routes.contains(&r.name))
         .collect();
@@ -234,6 +265,7 @@ async fn bench_on(
             } else {
                 "token IDs (completions)".into()
             },
+            direct_fraction: args.direct_fraction,
         },
         workloads: Vec::new(),
     };
@@ -279,6 +311,19 @@ async fn bench_on(
                     ));
                     continue;
                 }
+                if route.hears_kv_events() && !matches!(engine, Engine::Vllm(_)) {
+                    let why = format!(
+                        "{} publishes no KV events (engines.kvEvents needs vLLM)",
+                        engine.name()
+                    );
+                    eprintln!(
+                        "{workload} / {}: not run: {why}",
+                        route.name,
+                        workload = workload.name()
+                    );
+                    measured.skipped.push((route.name.clone(), why));
+                    continue;
+                }
                 if matches!(route.kind, RouteKind::Peer { .. }) && !text_prompts {
                     measured.skipped.push((
                         route.name.clone(),
@@ -300,7 +345,8 @@ async fn bench_on(
                 ran.push(route);
                 measured.routes.push(figures);
             }
-            if !text_prompts {
+            // The simulator knows nothing of the second path: no check with --direct-fraction.
+            if !text_prompts && args.direct_fraction == 0.0 {
                 let measured_routes: Vec<_> = ran.iter().copied().zip(&measured.routes).collect();
                 let memory = routes
                     .iter()
@@ -355,6 +401,8 @@ async fn run_route(
         request_timeout: Duration::from_secs(300),
         pause_between_steps: Duration::from_millis(args.pause_between_steps_ms),
         peers_python: args.peers_python.clone(),
+        direct_fraction: args.direct_fraction,
+        seed,
     };
     let record = match kept {
         Some(kept) => {

@@ -44,6 +44,22 @@ impl Proxy {
         )
     }
 
+    /// How many leading engine blocks of `token_ids` the replica at `index` holds, as the
+    /// proxy's index of the engines' KV events says (docs/behaviour.md §7); 0 without events.
+    pub fn engine_blocks_held(&self, index: usize, token_ids: &[u32]) -> usize {
+        let id = endpoint_id(index);
+        self.service
+            .producer
+            .engines()
+            .index()
+            .held(token_ids)
+            .iter()
+            .filter(|held| held.replica == id)
+            .map(|held| held.blocks)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The producer's metrics, as its admin port would serve them.
     pub fn metrics(&self) -> String {
         self.service.producer.metrics().render()

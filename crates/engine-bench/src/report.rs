@@ -135,6 +135,9 @@ pub struct Setup {
     pub model: String,
     /// The prompts' form (text or token IDs).
     pub prompts: String,
+    /// The share of each step's requests sent straight to a replica instead of through the
+    /// route (`--direct-fraction`, [`crate::second_path`]).
+    pub direct_fraction: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -242,8 +245,20 @@ impl Report {
              (x bound). *Busiest* is Σ over steps of the busiest replica's computed tokens: the \
              step time of a cluster whose replicas each have their own accelerator (its bound: \
              each step's bound spread evenly). Wall time is shared-core time: all replicas ran \
-             on the same 2 cores, so it measures total work, not a cluster's step time.\n",
+             on the same 2 cores, so it measures total work, not a cluster's step time.",
             s.replicas, s.engine, s.engine_settings, s.model, s.prompts, s.max_tokens, s.seeds
+        );
+        let _ = writeln!(
+            out,
+            "Direct fraction {}: {}\n",
+            s.direct_fraction,
+            if s.direct_fraction > 0.0 {
+                "that share of each step's requests (chosen by a seeded hash, the same on every \
+                 route) was sent straight to a replica, round-robin, and not through the route: \
+                 prompts that also arrive by a second path."
+            } else {
+                "every request went through the route."
+            }
         );
         for name in self.workload_names() {
             let runs: Vec<&WorkloadReport> = self
@@ -433,10 +448,15 @@ mod tests {
                 seeds: vec![1, 2],
                 model: "tiny".into(),
                 prompts: "text".into(),
+                direct_fraction: 0.25,
             },
             workloads: vec![workload(1, 175), workload(2, 125)],
         };
         let markdown = report.to_markdown();
+        assert!(
+            markdown.contains("Direct fraction 0.25: that share"),
+            "{markdown}"
+        );
         assert!(
             markdown.contains("| proxy | 1.25-1.75 | 0.42-0.58 | 2.00 | 0.67 | 0.50 |"),
             "{markdown}"

@@ -25,7 +25,8 @@ pub enum Direct {
 #[serde(rename_all = "camelCase")]
 pub enum RouteKind {
     Direct(Direct),
-    /// burst-prefix's proxy with this planner config (SPEC §2; the bench adds the endpoints).
+    /// burst-prefix's proxy with this planner config (docs/behaviour.md §2; the bench adds the
+    /// endpoints).
     Proxy {
         planner_yaml: String,
     },
@@ -63,6 +64,33 @@ struct Entry {
 pub struct Placeholders {
     /// `${cacheTokensPerReplica}`: the prompt tokens one replica's cache holds.
     pub cache_tokens_per_replica: u64,
+    /// `${kvEventsBind}`: the ZMQ endpoint the proxy binds for the engines' KV events
+    /// (`engines.kvEvents.bind`), which every replica connects its publisher to.
+    pub kv_events_bind: String,
+    /// `${tokenizerPath}`: the engine's model directory (`engines.tokenizer.path`).
+    pub tokenizer_path: String,
+}
+
+impl Placeholders {
+    /// `yaml` with every placeholder filled in; an unknown one is an error.
+    fn fill(&self, yaml: &str) -> anyhow::Result<String> {
+        let filled = yaml
+            .replace(
+                "${cacheTokensPerReplica}",
+                &self.cache_tokens_per_replica.to_string(),
+            )
+            .replace("${kvEventsBind}", &self.kv_events_bind)
+            .replace("${tokenizerPath}", &self.tokenizer_path);
+        if let Some(at) = filled.find("${") {
+            let rest = &filled[at..];
+            let name = &rest[..rest.find('}').map_or(rest.len(), |end| end + 1)];
+            bail!(
+                "unknown placeholder {name} (known: ${{cacheTokensPerReplica}}, \
+                 ${{kvEventsBind}}, ${{tokenizerPath}})"
+            );
+        }
+        Ok(filled)
+    }
 }
 
 impl Route {
@@ -97,6 +125,13 @@ impl Route {
                 .planner,
         )
     }
+
+    /// Whether the route is a proxy that listens to the engines' KV events
+    /// (`engines.kvEvents`, docs/behaviour.md §7): only vLLM publishes them.
+    pub fn hears_kv_events(&self) -> bool {
+        self.planner()
+            .is_some_and(|p| p.engines.kv_events.is_some())
+    }
 }
 
 /// Parses routes.yaml, fills in the placeholders, and checks every proxy config.
@@ -110,10 +145,9 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
             kinds.push(RouteKind::Direct(direct));
         }
         if let Some(yaml) = entry.proxy {
-            let planner_yaml = yaml.replace(
-                "${cacheTokensPerReplica}",
-                &placeholders.cache_tokens_per_replica.to_string(),
-            );
+            let planner_yaml = placeholders
+                .fill(&yaml)
+                .with_context(|| format!("route {name:?}"))?;
             ProducerConfig::from_yaml(&format!("{}\nendpoints: []\n", planner_yaml.trim_end()))
                 .map_err(|e| anyhow!("route {name:?}: the proxy's config is refused: {e}"))?;
             kinds.push(RouteKind::Proxy { planner_yaml });
@@ -164,14 +198,18 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
 mod tests {
     use super::*;
 
-    const PLACEHOLDERS: Placeholders = Placeholders {
-        cache_tokens_per_replica: 6_400,
-    };
+    fn placeholders() -> Placeholders {
+        Placeholders {
+            cache_tokens_per_replica: 6_400,
+            kv_events_bind: "tcp://127.0.0.1:5557".into(),
+            tokenizer_path: "/models/tiny".into(),
+        }
+    }
 
     #[test]
     fn the_shipped_routes_parse() {
         let text = include_str!("../../../bench/engine/routes.yaml");
-        let routes = parse(text, &PLACEHOLDERS).unwrap();
+        let routes = parse(text, &placeholders()).unwrap();
         assert!(routes.len() >= 4);
         let memory_on = routes
             .iter()
@@ -179,19 +217,43 @@ mod tests {
             .find_map(|p| p.memory_settings())
             .expect("a proxy route with memory");
         assert_eq!(memory_on.capacity_blocks.get() as u64 * 64, 6_400);
+        let events = routes
+            .iter()
+            .find(|r| r.name == "proxy with events")
+            .expect("the route with KV events");
+        assert!(events.hears_kv_events());
+        let engines = events.planner().unwrap().engines;
+        let kv_events = engines.kv_events.unwrap();
+        assert_eq!(kv_events.bind.as_deref(), Some("tcp://127.0.0.1:5557"));
+        assert_eq!(engines.tokenizer.unwrap().path, "/models/tiny");
+        let zero_wait = routes
+            .iter()
+            .find(|r| r.name == "proxy, zero-wait")
+            .and_then(Route::planner)
+            .expect("the zero-wait route");
+        assert_eq!(zero_wait.window_duration_ms, 0);
+        assert!(!routes[0].hears_kv_events());
+    }
+
+    #[test]
+    fn an_unknown_placeholder_is_refused() {
+        let text = "- {name: rr, direct: round-robin}\n\
+                    - {name: p, proxy: 'blockSizeTokens: ${blockSize}'}";
+        let error = format!("{:#}", parse(text, &placeholders()).unwrap_err());
+        assert!(error.contains("${blockSize}"), "{error}");
     }
 
     #[test]
     fn a_route_names_exactly_one_way() {
         let two = "- {name: a, direct: round-robin, sglangRouter: [--policy, cache_aware]}";
-        let error = parse(two, &PLACEHOLDERS).unwrap_err().to_string();
+        let error = parse(two, &placeholders()).unwrap_err().to_string();
         assert!(error.contains("exactly one"), "{error}");
         let bad_proxy =
             "- {name: rr, direct: round-robin}\n- {name: p, proxy: 'windowDurationMs: 0.5'}";
-        let error = format!("{:#}", parse(bad_proxy, &PLACEHOLDERS).unwrap_err());
+        let error = format!("{:#}", parse(bad_proxy, &placeholders()).unwrap_err());
         assert!(error.contains("refused"), "{error}");
         let no_rr = "- {name: ll, direct: least-loaded}";
-        assert!(parse(no_rr, &PLACEHOLDERS).is_err());
+        assert!(parse(no_rr, &placeholders()).is_err());
     }
 
     #[test]

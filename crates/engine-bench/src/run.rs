@@ -1,8 +1,11 @@
 //! One workload through one route, on replicas with empty caches: each step's requests sent at
-//! once, every answer's timing and usage recorded, and what each replica computed in each step
-//! read from the engine's own counters (vLLM) or summed from its answers (llama.cpp).
+//! once (a share of them straight to a replica with `--direct-fraction`, [`crate::second_path`]),
+//! every answer's timing and usage recorded, and what each replica computed in each step read
+//! from the engine's own counters (vLLM) or summed from its answers (llama.cpp).
 
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,11 +14,12 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::engine::{counters, settled_counters, Counters, Engine, Replica, MODEL_NAME};
+use crate::engine::{counters, settled_counters, tokenize, Counters, Engine, Replica, MODEL_NAME};
 use crate::peers::PeerRouter;
 use crate::producer::{replica_of_endpoint, Proxy, ENDPOINT_HEADER};
-use crate::prompts::Request;
+use crate::prompts::{text, Prompt, Request};
 use crate::routes::{Direct, Route, RouteKind};
+use crate::second_path::sent_direct;
 use crate::usage::{self, EngineUsage};
 
 /// The knobs of a run that are not the engine's.
@@ -30,6 +34,10 @@ pub struct RunOptions {
     pub pause_between_steps: Duration,
     /// The venv python of the peer routers (bench/engine/peers/setup.sh --print-python).
     pub peers_python: Option<std::path::PathBuf>,
+    /// The share of each step's requests sent straight to a replica, bypassing the route
+    /// ([`crate::second_path`]), and the workload's seed that chooses them.
+    pub direct_fraction: f64,
+    pub seed: u64,
 }
 
 /// One request's outcome.
@@ -39,6 +47,8 @@ pub struct RequestRecord {
     pub step: usize,
     /// The replica that served it, when the route says (direct routes, the proxy's header).
     pub replica: Option<usize>,
+    /// Sent straight to the replica by the second path, not through the route.
+    pub direct: bool,
     /// The engine's usage in the answer (`None` if the answer carried none).
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
@@ -128,7 +138,21 @@ impl Front {
             RouteKind::Direct(direct) => Front::Direct(*direct),
             RouteKind::Proxy { planner_yaml } => {
                 let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
-                Front::Proxy(Proxy::start(planner_yaml, &addrs).await?)
+                let bind = route
+                    .planner()
+                    .and_then(|p| p.engines.kv_events)
+                    .and_then(|k| k.bind);
+                if let Some(bind) = &bind {
+                    until_free(bind).await?;
+                }
+                let proxy = Proxy::start(planner_yaml, &addrs).await?;
+                if route.hears_kv_events() {
+                    if let Err(error) = hear_every_replica(&proxy, replicas, client).await {
+                        proxy.shutdown().await;
+                        return Err(error);
+                    }
+                }
+                Front::Proxy(proxy)
             }
             RouteKind::Peer { peer, args } => {
                 let python = options
@@ -202,6 +226,7 @@ async fn run_steps(
     let urls: Arc<Vec<String>> = Arc::new(replicas.iter().map(Replica::url).collect());
     let counted = matches!(engine, Engine::Vllm(_));
     let mut round_robin = 0;
+    let mut second_path = 0;
     let mut record = RunRecord {
         route: route.name.clone(),
         requests: Vec::new(),
@@ -215,20 +240,19 @@ async fn run_steps(
         memory_in_use: None,
     };
     for (index, (step, lengths)) in steps.iter().zip(lengths).enumerate() {
-        let targets: Vec<Option<usize>> = match front {
-            Front::Direct(Direct::RoundRobin) => step
-                .iter()
-                .map(|_| {
-                    round_robin += 1;
-                    Some((round_robin - 1) % replicas.len())
-                })
-                .collect(),
-            Front::Direct(Direct::LeastLoaded) => least_loaded(lengths, replicas.len())
-                .into_iter()
-                .map(Some)
-                .collect(),
-            Front::Proxy(_) | Front::Peer(_) => vec![None; step.len()],
+        let direct = sent_direct(options.direct_fraction, options.seed, index, step.len());
+        let chooser = match front {
+            Front::Direct(direct) => Some(*direct),
+            Front::Proxy(_) | Front::Peer(_) => None,
         };
+        let targets = targets(
+            chooser,
+            lengths,
+            &direct,
+            replicas.len(),
+            &mut round_robin,
+            &mut second_path,
+        );
         let front_url = match front {
             Front::Direct(_) => None,
             Front::Proxy(proxy) => Some(proxy.url()),
@@ -247,7 +271,8 @@ async fn run_steps(
         let sends: Vec<_> = step
             .iter()
             .zip(targets)
-            .map(|(request, target)| {
+            .zip(direct)
+            .map(|((request, target), direct)| {
                 let url = match target {
                     Some(r) => urls[r].clone(),
                     None => front_url.clone().expect("a front for an indirect route"),
@@ -277,6 +302,7 @@ async fn run_steps(
                         path,
                         session,
                         replica: target,
+                        direct,
                         step: index,
                         timeout,
                     };
@@ -339,6 +365,131 @@ fn from_answers(answers: &[RequestRecord], replicas: usize) -> anyhow::Result<Ve
     Ok(per_replica)
 }
 
+/// Where each request of a step goes: `Some(replica)` when the bench chooses it (a direct route,
+/// or the second path: round-robin over the requests sent by it, carried on across steps), `None`
+/// through the route's front. A direct route chooses among the requests the second path leaves it,
+/// as a router that never sees the others would.
+fn targets(
+    chooser: Option<Direct>,
+    lengths: &[u64],
+    direct: &[bool],
+    replicas: usize,
+    round_robin: &mut usize,
+    second_path: &mut usize,
+) -> Vec<Option<usize>> {
+    let routed: Vec<u64> = lengths
+        .iter()
+        .zip(direct)
+        .filter(|(_, &d)| !d)
+        .map(|(&l, _)| l)
+        .collect();
+    let mut via_route = match chooser {
+        Some(Direct::RoundRobin) => routed
+            .iter()
+            .map(|_| {
+                *round_robin += 1;
+                Some((*round_robin - 1) % replicas)
+            })
+            .collect(),
+        Some(Direct::LeastLoaded) => least_loaded(&routed, replicas)
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => vec![None; routed.len()],
+    }
+    .into_iter();
+    direct
+        .iter()
+        .map(|&d| {
+            if d {
+                *second_path += 1;
+                Some((*second_path - 1) % replicas)
+            } else {
+                via_route.next().expect("a choice per routed request")
+            }
+        })
+        .collect()
+}
+
+/// Waits until a KV-events endpoint (`tcp://HOST:PORT`) is free: the previous route's proxy
+/// releases it when it stops, and the next one must bind it (the replicas connect to it).
+async fn until_free(bind: &str) -> anyhow::Result<()> {
+    let addr: SocketAddr = bind
+        .strip_prefix("tcp://")
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| anyhow!("engines.kvEvents.bind {bind:?} is not tcp://IP:PORT"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpListener::bind(addr).is_err() {
+        if Instant::now() >= deadline {
+            bail!("{bind} is still taken after 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Before a proxy that hears the engines' KV events gets its first request: every replica's
+/// publisher has connected to it (ZMQ retries every 100 ms; a publisher drops what it sends before
+/// that), and the proxy's index is current. Each replica gets a prompt shorter than a block (its
+/// engine publishes the reset's `AllBlocksCleared` with its next step), then marker prompts of two
+/// blocks, a new one each time (a repeated one would be a cache hit, and publish nothing), until
+/// the proxy's index holds one on that replica. Each marker stays in its replica's cache: two
+/// blocks of 2,048, that no workload prompt shares.
+async fn hear_every_replica(
+    proxy: &Proxy,
+    replicas: &[Replica],
+    client: &reqwest::Client,
+) -> anyhow::Result<()> {
+    static MARKERS: AtomicU64 = AtomicU64::new(0);
+    const ATTEMPTS: usize = 15;
+    for replica in replicas {
+        complete(replica, "hello", client).await?;
+        let mut heard = false;
+        for _ in 0..ATTEMPTS {
+            let words: Vec<u32> = (0..300).collect();
+            let marker = format!(
+                "kv events marker {}: {}",
+                MARKERS.fetch_add(1, Ordering::Relaxed),
+                text(&words)
+            );
+            let ids = tokenize(replica, &Prompt::Text(marker.clone()), client).await?;
+            complete(replica, &marker, client).await?;
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !heard && Instant::now() < deadline {
+                heard = proxy.engine_blocks_held(replica.index, &ids) > 0;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if heard {
+                break;
+            }
+        }
+        if !heard {
+            bail!(
+                "the proxy heard no KV event from replica {} after {ATTEMPTS} marker prompts (its \
+                 log: {})",
+                replica.index,
+                replica.log().display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One short completion straight to `replica`, its answer awaited.
+async fn complete(replica: &Replica, prompt: &str, client: &reqwest::Client) -> anyhow::Result<()> {
+    let url = format!("{}/v1/completions", replica.url());
+    client
+        .post(&url)
+        .json(&json!({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?
+        .error_for_status()
+        .with_context(|| format!("POST {url}"))?;
+    Ok(())
+}
+
 /// The least-loaded route's choices for one step, whose requests are all in flight at once
 /// (the previous step's have finished): the fewest prompt tokens so far, then the fewest
 /// requests, then the lower index. The simulator's `LeastLoaded` decides the same.
@@ -365,6 +516,8 @@ struct Sent<'a> {
     session: Option<(String, String)>,
     /// The replica, when the bench chose it.
     replica: Option<usize>,
+    /// Sent by the second path.
+    direct: bool,
     step: usize,
     timeout: Duration,
 }
@@ -379,6 +532,7 @@ async fn send(
         path,
         session,
         replica,
+        direct,
         step,
         timeout,
     } = sent;
@@ -421,6 +575,7 @@ async fn send(
     Ok(RequestRecord {
         step,
         replica: replica.or(endpoint),
+        direct,
         prompt_tokens: usage.map(|u| u.prompt_tokens),
         cached_tokens: usage.map(|u| u.cached_tokens),
         ttft_ms: ttft.unwrap_or(latency).as_secs_f64() * 1e3,
@@ -435,6 +590,33 @@ mod tests {
     #[test]
     fn least_loaded_balances_prompt_tokens_like_the_simulator() {
         assert_eq!(least_loaded(&[12, 4, 4, 4], 2), vec![0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn the_second_path_goes_round_robin_and_the_route_chooses_among_the_rest() {
+        let direct = [false, true, false, true, true];
+        let (mut rr, mut second) = (0, 0);
+        let chosen = targets(None, &[1; 5], &direct, 4, &mut rr, &mut second);
+        assert_eq!(chosen, vec![None, Some(0), None, Some(1), Some(2)]);
+        let chosen = targets(
+            Some(Direct::RoundRobin),
+            &[1; 5],
+            &direct,
+            4,
+            &mut rr,
+            &mut second,
+        );
+        assert_eq!(chosen, vec![Some(0), Some(3), Some(1), Some(0), Some(1)]);
+        // Least-loaded balances only the requests it is given.
+        let chosen = targets(
+            Some(Direct::LeastLoaded),
+            &[12, 99, 4, 99, 99],
+            &direct,
+            2,
+            &mut rr,
+            &mut second,
+        );
+        assert_eq!(chosen, vec![Some(0), Some(0), Some(1), Some(1), Some(0)]);
     }
 
     #[test]

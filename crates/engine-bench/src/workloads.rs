@@ -36,10 +36,11 @@ pub fn bench_workloads() -> Vec<Workload> {
             min_tokens: 64,
             max_tokens: 256,
         }),
-        // SPEC §7's mixed workload, 2 rounds of 3 windows: chat turns trickling in from 8
-        // sessions (512-token system prompt), a GRPO burst of 4 prompts x 4 samples (128-token
-        // template) in a round's first window and an agent fan-out of 8 (1,024-token system
-        // prompt) in its second.
+        // The mixed workload of memory across windows (docs/behaviour.md §7; the simulator's
+        // `Mixed`), 2 rounds of 3 windows: chat turns trickling in from 8 sessions (512-token
+        // system prompt), a GRPO burst of 4 prompts x 4 samples (128-token template) in a
+        // round's first window and an agent fan-out of 8 (1,024-token system prompt) in its
+        // second.
         Workload::Mixed(Mixed {
             rounds: 2,
             grpo: Grpo {

@@ -22,7 +22,8 @@ use crate::core::Producer;
 /// How often the config in force is looked at for changes.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 
-/// Runs the feeds the config asks for until the producer's runtime stops.
+/// Runs the feeds the config asks for until aborted (the service's shutdown) or the runtime
+/// stops; dropped, it drops the subscriber and ends the scraper.
 pub async fn follow(producer: Producer) {
     let metrics = match KvEventsMetrics::register(producer.metrics().registry()) {
         Ok(metrics) => metrics,

@@ -146,3 +146,45 @@ async fn a_reset_and_new_weights_forget_what_an_engine_held() {
         ) >= 2.0
     );
 }
+
+/// Polls `holds` every 20 ms until it is true or `common::PATIENCE` has passed; its last answer.
+async fn eventually(mut holds: impl FnMut() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    while !holds() {
+        if started.elapsed() > common::PATIENCE {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_producer_releases_its_kv_events_endpoint_for_the_next_one() {
+    // Producers started and stopped one after the other in one process (the engine bench does
+    // this per route): each binds the engines' endpoint, and a stopped one lets it go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let bound = || std::net::TcpListener::bind(("127.0.0.1", port)).is_err();
+    let yaml = format!(
+        "engines:\n  kvEvents: {{bind: 'tcp://127.0.0.1:{port}'}}\n{}",
+        common::endpoints(1)
+    );
+    for producer in ["first", "second"] {
+        let local = Local::start(&yaml).await;
+        assert!(
+            eventually(bound).await,
+            "the {producer} producer never bound port {port}"
+        );
+        local
+            .service
+            .shutdown(std::time::Duration::from_secs(1))
+            .await;
+        assert!(
+            eventually(|| !bound()).await,
+            "the {producer} producer still holds port {port} after its shutdown"
+        );
+    }
+}

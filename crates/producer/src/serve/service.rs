@@ -77,6 +77,10 @@ pub struct Service {
     /// Per listener: what stops it accepting, and the task that serves it until its
     /// connections are closed.
     servers: Vec<(Role, watch::Sender<bool>, JoinHandle<()>)>,
+    /// The feeds of what the engines say (docs/behaviour.md §7), followed until shutdown: a
+    /// producer stopped in a process that goes on (the engine bench, tests) releases its KV-events
+    /// endpoint and stops scraping.
+    feeds: JoinHandle<()>,
 }
 
 impl Service {
@@ -89,7 +93,6 @@ impl Service {
     ) -> Result<Service, String> {
         let mut addrs = Vec::new();
         let mut servers = Vec::new();
-        tokio::spawn(engine_feeds::follow(producer.clone()));
         for role in Role::ALL {
             let Binding { addr, limits, tls } = binding(role);
             let tcp = TcpListener::bind(addr)
@@ -106,10 +109,12 @@ impl Service {
             ));
             servers.push((role, stop, server));
         }
+        let feeds = tokio::spawn(engine_feeds::follow(producer.clone()));
         Ok(Service {
             producer,
             addrs,
             servers,
+            feeds,
         })
     }
 
@@ -180,5 +185,8 @@ impl Service {
             // Health and metrics answer at once: nothing to wait for but idle connections.
             let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
         }
+        // Dropping the feeds drops the KV-events subscriber (its socket) and ends the scraper.
+        self.feeds.abort();
+        let _ = self.feeds.await;
     }
 }
