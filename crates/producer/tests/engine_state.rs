@@ -109,6 +109,8 @@ async fn a_reset_and_new_weights_forget_what_an_engine_held() {
         .index()
         .apply("ns/p4-rank-0", &stored(&tokens(1, 4)));
     assert_eq!(assigned(&local, &prompt(0), &[]).await, "ns/p4-rank-0");
+    let held = "burst_prefix_memory_blocks{endpoint=\"ns/p4-rank-0\"}";
+    assert!(common::sample(&local.metrics().await, held) > 0.0);
 
     // POST /v1/memory/reset for that replica: its engine blocks and its memory model are gone,
     // so the next request on that prompt is a cold lone one: no affinity, no match anywhere.
@@ -124,6 +126,22 @@ async fn a_reset_and_new_weights_forget_what_an_engine_held() {
     let answer = produce(&local, &prompt(1), &[]).await;
     assert!(answer["assignedEndpoint"].is_null(), "{answer}");
     assert_eq!(answer["matches"], json!([]), "{answer}");
+    // The memory's gauge forgets it too, once the window above settles the model (after its
+    // answer): the series is gone, or reads 0 if the model took the replica back since.
+    let started = std::time::Instant::now();
+    let holds = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(held)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    while holds(&local.metrics().await) > 0.0 {
+        assert!(
+            started.elapsed() < common::PATIENCE,
+            "{held} still reported after the reset"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     // A new weight version: what the engines held under the older one is forgotten too.
     let step = |version| [("x-burst-prefix-weight-version", version)];

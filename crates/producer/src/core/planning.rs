@@ -36,6 +36,9 @@ pub struct Planner {
     generation: u64,
     started: Instant,
     blocks: IntGaugeVec,
+    /// The endpoints `blocks` has a series for: one the model no longer holds (left the config,
+    /// or forgotten on a reset or new weights) loses its series at the next settle.
+    reported: HashSet<String>,
     pub(super) placements: IntCounterVec,
     /// Placements on arrival that are not finished yet (zero-wait mode).
     pub(super) arrivals: Arrivals,
@@ -73,6 +76,7 @@ impl Planner {
             generation: 0,
             started: Instant::now(),
             blocks,
+            reported: HashSet::new(),
             placements,
             arrivals: Arrivals::default(),
             unsettled: false,
@@ -138,14 +142,20 @@ impl Planner {
     /// a window's requests are answered, so that they do not wait for it.
     pub fn settle(&mut self) {
         self.unsettled = false;
+        let mut reported = HashSet::new();
         if let Some((memory, _)) = &mut self.model {
             memory.settle();
             for (endpoint, blocks) in memory.replica_blocks() {
                 self.blocks
                     .with_label_values(&[endpoint])
                     .set(blocks as i64);
+                reported.insert(endpoint.to_string());
             }
         }
+        for gone in self.reported.difference(&reported) {
+            let _ = self.blocks.remove_label_values(&[gone]);
+        }
+        self.reported = reported;
     }
 
     /// Milliseconds on the planner's clock (the memory's and the arrivals' time).
@@ -168,6 +178,7 @@ impl Planner {
         if !fits {
             self.model = settings.map(|settings| (Memory::new(settings), block_size));
             self.blocks.reset();
+            self.reported.clear();
         }
         if snapshot.generation != self.generation {
             self.generation = snapshot.generation;
@@ -178,17 +189,8 @@ impl Planner {
                     .iter()
                     .map(|e| e.id.as_str())
                     .collect();
-                let mut gone = Vec::new();
-                memory.retain_replicas(|id| {
-                    let keep = ids.contains(id);
-                    if !keep {
-                        gone.push(id.to_string());
-                    }
-                    keep
-                });
-                for id in gone {
-                    let _ = self.blocks.remove_label_values(&[&id]);
-                }
+                // Their `blocks` series go at the next settle.
+                memory.retain_replicas(|id| ids.contains(id));
             }
         }
     }
