@@ -159,3 +159,62 @@ async fn the_endpoint_picker_places_on_arrival() {
     }
     assert_eq!(picked.len(), 1, "siblings followed the first: {picked:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_follows_its_history_after_a_quiet_pause() {
+    // Eight conversations through the proxy, a round of turns at a time, the turns of a round
+    // sent together and held in flight together (the stub answers after 100 ms), a pause between
+    // rounds: as an RL driver's multi-turn rollout sends them. Every placement of a round is
+    // finished before the next round, so what each replica holds is known from the memory alone
+    // (its touches must be merged before the next round's first placement, however close
+    // together the last round's were).
+    // Tokens mode: a turn's price on a replica is the blocks it prefills there (in requests mode
+    // the fair share of the work in flight would move the second turn to arrive on a replica).
+    let (_stubs, yaml) = common::stub_engines(4, "windowDurationMs: 0\nbalanceBy: tokens\n").await;
+    let local = Local::start(&yaml).await;
+    let send = |prompt: String| {
+        let client = local.client.clone();
+        let url = format!("{}/v1/completions", local.base);
+        async move {
+            let response = client
+                .post(url)
+                .json(&json!({"model": "m", "prompt": prompt, "max_tokens": 2,
+                              "stub": {"delayMs": 100}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            let endpoint = response.headers()["x-burst-prefix-endpoint"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            let _: Value = response.json().await.unwrap();
+            endpoint
+        }
+    };
+    // A long history (many blocks) and short new turns: a turn is cheaper where its history is
+    // than anywhere else, even behind the other conversation on that replica.
+    let mut histories: Vec<String> = (0..8)
+        .map(|c| format!("conversation {c} has a long history. ").repeat(60))
+        .collect();
+    let mut homes: Vec<String> =
+        futures::future::join_all(histories.iter().cloned().map(send)).await;
+    let spread: BTreeSet<&String> = homes.iter().collect();
+    assert_eq!(
+        spread.len(),
+        4,
+        "the first turns in flight together spread: {homes:?}"
+    );
+    for turn in 1..=4 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        for (c, history) in histories.iter_mut().enumerate() {
+            history.push_str(&format!("turn {turn} of conversation {c}. "));
+        }
+        let landed = futures::future::join_all(histories.iter().cloned().map(send)).await;
+        assert_eq!(
+            landed, homes,
+            "turn {turn}: every conversation where its history is"
+        );
+        homes = landed;
+    }
+}

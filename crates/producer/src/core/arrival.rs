@@ -81,11 +81,17 @@ impl Planner {
     ) -> Arrived {
         self.follow(snapshot);
         let engines = self.engines.clone();
-        if engines.apply_pending(self.model.as_mut().map(|(memory, _)| memory)) {
-            // What the engines hold counts for this very placement.
+        let now = Instant::now();
+        let engines_changed = engines.apply_pending(self.model.as_mut().map(|(memory, _)| memory));
+        // The touches of earlier placements are merged before this one, not after: a placement
+        // finished since (its flight gone) is then known from the memory alone. A burst merges
+        // at most every SETTLE_EVERY (its own flights cover it meanwhile); what the engines
+        // hold counts for this very placement.
+        let due = self.unsettled && now.duration_since(self.arrivals.last_settle) >= SETTLE_EVERY;
+        if engines_changed || due {
+            self.arrivals.last_settle = now;
             self.settle();
         }
-        let now = Instant::now();
         self.arrivals
             .look_at_replicas(snapshot, live, &engines, now);
         let now_ms = self.now_ms();
@@ -127,10 +133,6 @@ impl Planner {
         }
         if remembers {
             self.unsettled = true;
-            if now.duration_since(self.arrivals.last_settle) >= SETTLE_EVERY {
-                self.arrivals.last_settle = now;
-                self.settle();
-            }
         }
         arrived
     }
