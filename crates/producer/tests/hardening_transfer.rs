@@ -433,3 +433,132 @@ async fn a_connection_full_of_idle_streams_is_emptied_and_others_are_served_mean
         );
     }
 }
+
+/// Opens an ext_proc stream on `client` and sends `sent` bytes of one gRPC message declaring
+/// `declared`, never the rest: what tonic buffers before the picker sees the message.
+async fn partial_message(
+    client: h2::client::SendRequest<bytes::Bytes>,
+    epp: &str,
+    declared: u32,
+    sent: usize,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    h2::client::ResponseFuture,
+    h2::SendStream<bytes::Bytes>,
+) {
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!(
+        "http://{epp}/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&declared.to_be_bytes());
+    frame.resize(5 + sent, b' ');
+    send.reserve_capacity(frame.len());
+    send.send_data(frame.into(), false).unwrap();
+    (client, response, send)
+}
+
+/// The first message of an ext_proc stream's answer (`None`: the stream ended without one).
+async fn first_answer(response: h2::client::ResponseFuture) -> Option<ProcessingResponse> {
+    use prost::Message;
+    let mut body = response.await.unwrap().into_body();
+    let mut bytes = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        body.flow_control().release_capacity(data.len()).unwrap();
+        bytes.extend_from_slice(&data);
+        if bytes.len() >= 5 {
+            let length = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+            if bytes.len() >= 5 + length {
+                return Some(ProcessingResponse::decode(&bytes[5..5 + length]).unwrap());
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_picker_has_not_received_whole_counts_in_the_window_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!("windowDurationMs: 20\n{}", endpoints(2)),
+    );
+    let producer = Binary::serve(&[
+        "--config",
+        &config,
+        "--epp-plaintext",
+        "--max-window-bytes",
+        "4000000",
+        "--body-timeout-ms",
+        "120000",
+    ]);
+    let tcp = tokio::net::TcpStream::connect(&producer.epp).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(16 << 20)
+        .initial_connection_window_size(64 << 20)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    // 3 MB of a 5 MB message: held by the decoder, and in the 4 MB budget.
+    let (client, held, held_send) =
+        partial_message(client, &producer.epp, 5_000_000, 3_000_000).await;
+    // Another 3 MB would take the budget past 4 MB: the stream is answered 429 at once (before,
+    // it got nothing until the body timeout, 120 s here).
+    let (client, refused, _refused_send) =
+        partial_message(client, &producer.epp, 5_000_000, 3_000_000).await;
+    let answer = tokio::time::timeout(PATIENCE, first_answer(refused))
+        .await
+        .expect("no answer to a message in transit over the budget")
+        .expect("the stream ended without an answer");
+    let (status, body) = immediate(&answer);
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (429, Some("window_full")),
+        "{body}"
+    );
+
+    // The held message's bytes come back when its stream is reset: a 3 MB partial message fits
+    // again (it stays unanswered: it never ends).
+    drop(held_send);
+    drop(held);
+    let started = Instant::now();
+    let mut client = client;
+    loop {
+        let (next, response, send) =
+            partial_message(client, &producer.epp, 5_000_000, 3_000_000).await;
+        client = next;
+        match tokio::time::timeout(Duration::from_millis(500), first_answer(response)).await {
+            Err(_) => break, // held, not refused
+            Ok(answer) => {
+                let (status, _) = immediate(&answer.expect("an answer"));
+                assert_eq!(status, 429);
+                drop(send);
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "the held message's bytes were never given back"
+                );
+            }
+        }
+    }
+    let metrics = reqwest::get(format!("{}/metrics", producer.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        sample(
+            &metrics,
+            "burst_prefix_requests_total{outcome=\"rejected\"}"
+        ) >= 1.0,
+        "the refusal is counted"
+    );
+    driver.abort();
+}

@@ -15,7 +15,7 @@ use super::limits::Limits;
 
 /// When to retry a body the budget refused: the budget frees as windows are answered, within
 /// a window's length (1 s is the least `Retry-After` says).
-const BUDGET_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub const BUDGET_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The whole body, its bytes taken into `reserved`. Refused at once when it declares more than
 /// `limits.max_body_bytes`, or once it grows past them or past the budget (the rest is not

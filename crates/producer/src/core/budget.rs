@@ -67,6 +67,12 @@ impl Reserved {
         }
     }
 
+    /// Gives back every byte taken; the reservation stays, empty, to grow again.
+    pub fn release(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.bytes = 0;
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }

@@ -189,8 +189,19 @@ impl Planner {
                     .iter()
                     .map(|e| e.id.as_str())
                     .collect();
-                // Their `blocks` series go at the next settle.
-                memory.retain_replicas(|id| ids.contains(id));
+                let mut gone = Vec::new();
+                memory.retain_replicas(|id| {
+                    let keep = ids.contains(id);
+                    if !keep {
+                        gone.push(id.to_string());
+                    }
+                    keep
+                });
+                // Their series go now, before the window is answered.
+                for id in gone {
+                    let _ = self.blocks.remove_label_values(&[&id]);
+                    self.reported.remove(&id);
+                }
             }
         }
     }

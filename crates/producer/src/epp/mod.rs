@@ -26,6 +26,7 @@
 
 pub mod data_plane;
 pub mod messages;
+mod transit;
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -68,12 +69,25 @@ pub fn router(producer: Producer) -> Router {
         .limits()
         .max_body_bytes
         .saturating_add(MESSAGE_OVERHEAD);
+    // Every stream's inbound bytes through a TransitBody: a message not yet whole counts in the
+    // byte budget (tonic holds it before the picker sees it).
+    let budget = producer.clone();
     let processor = ExternalProcessorServer::new(Epp { producer })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     tonic::service::Routes::new(processor)
         .add_service(health_service)
         .into_axum_router()
+        .layer(axum::middleware::map_request(
+            move |request: axum::extract::Request| {
+                let reserved = budget.reserve();
+                async move {
+                    request.map(|body| {
+                        axum::body::Body::new(transit::TransitBody::new(body, reserved))
+                    })
+                }
+            },
+        ))
 }
 
 /// `liveness` serves while the process does; `readiness` and the ext_proc service follow
@@ -437,14 +451,19 @@ impl HttpStream {
     }
 }
 
-/// Why the data plane's messages could not be read: a message over the decoder's limit is a body
-/// too large (the limit is the body's, plus room for the message around it).
+/// Why the data plane's messages could not be read: a message in transit over the byte budget is
+/// a window full; one over the decoder's limit is a body too large (the limit is the body's, plus
+/// room for the message around it).
 fn unreadable(status: &Status, producer: &Producer) -> PlaceError {
+    let limits = producer.limits();
+    if let Some(refused) = transit::refused(status, limits.max_window_bytes) {
+        return refused;
+    }
     if status.code() == tonic::Code::OutOfRange
         || status.message().contains("message length too large")
     {
         PlaceError::BodyTooLarge {
-            limit: producer.limits().max_body_bytes,
+            limit: limits.max_body_bytes,
         }
     } else {
         PlaceError::BodyUnreadable(status.message().to_string())
