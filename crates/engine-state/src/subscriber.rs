@@ -385,6 +385,16 @@ impl KvEventsSubscriber {
         match topology {
             Topology::Bind { endpoint } => {
                 let mut socket = zeromq::SubSocket::new();
+                // Subscribed before binding: the zeromq crate sends a new peer the
+                // subscriptions it remembers when the peer's handshake ends, and a later
+                // subscribe() only to peers already listed, so an engine whose connection is
+                // accepted between the two would never be subscribed, and a PUB socket sends
+                // nothing to a peer that never subscribed. Engines retry their connection
+                // every 100 ms while the producer starts, so one lands right after the bind.
+                socket
+                    .subscribe("")
+                    .await
+                    .map_err(SubscribeError::Subscribe)?;
                 let bound =
                     socket
                         .bind(&endpoint)
@@ -393,10 +403,6 @@ impl KvEventsSubscriber {
                             endpoint: endpoint.clone(),
                             source,
                         })?;
-                socket
-                    .subscribe("")
-                    .await
-                    .map_err(SubscribeError::Subscribe)?;
                 let task = tokio::spawn(run_bound(socket, endpoints, ctx));
                 Ok(KvEventsSubscriber {
                     task,
@@ -527,6 +533,12 @@ async fn run_connecting(
 async fn follow_endpoint(ep: EngineEndpoint, template: String, ctx: std::sync::Arc<Ctx>) {
     let address = ep.address(&template);
     let mut socket = zeromq::SubSocket::new();
+    // Subscribed first, so every connection (and reconnection) is sent the subscription when its
+    // handshake ends (see the bind topology).
+    if let Err(e) = socket.subscribe("").await {
+        tracing::warn!(endpoint = %ep.id, error = %e, "kv events: cannot subscribe");
+        return;
+    }
     // Retries with backoff until the engine's publisher is up (the socket reconnects by itself
     // after that). One connection per data-parallel rank.
     for rank in 0..i64::from(ctx.config.data_parallel_size.max(1)) {
@@ -535,10 +547,6 @@ async fn follow_endpoint(ep: EngineEndpoint, template: String, ctx: std::sync::A
             tracing::warn!(endpoint = %ep.id, %address, error = %e, "kv events: cannot connect");
             return;
         }
-    }
-    if let Err(e) = socket.subscribe("").await {
-        tracing::warn!(endpoint = %ep.id, error = %e, "kv events: cannot subscribe");
-        return;
     }
     let mut stream = Stream::new(
         ep.id.clone(),
