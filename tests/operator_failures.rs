@@ -408,10 +408,24 @@ async fn readiness_fails_while_the_api_server_refuses_the_operator() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    eventually("/readyz to recover", TIMEOUT, || async {
-        http_get(&readyz).await.filter(|(code, _)| *code == 200)
+    // The last answer is kept so a time-out says which refusal /readyz still reports.
+    let last = std::sync::Mutex::new(None);
+    let recovered = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let answer = http_get(&readyz).await;
+            if answer.as_ref().is_some_and(|(code, _)| *code == 200) {
+                return;
+            }
+            *last.lock().unwrap() = answer;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     })
     .await;
+    assert!(
+        recovered.is_ok(),
+        "/readyz did not recover within {TIMEOUT:?} of the RoleBinding's return: {:?}",
+        last.lock().unwrap()
+    );
     eventually("the second policy's ConfigMap", TIMEOUT, || async {
         producer_config(&client, &ns, "second-producer").await
     })

@@ -11,13 +11,17 @@ use std::time::Duration;
 
 use kube::runtime::utils::Backoff;
 
+/// The longest a failing watch waits before its next attempt: the cap of [`watch_backoff`]
+/// with its jitter, which adds up to as much again.
+pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(4);
+
 /// Exponential from 200 ms, doubling, capped at 2 s, with jitter; never gives up, and resets on
 /// the first event the watch delivers.
 pub fn watch_backoff() -> impl Backoff + 'static {
     kube::runtime::watcher::ExponentialBackoff::from(
         backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(2))
+            .with_max_delay(WATCH_RETRY_MAX / 2)
             .with_factor(2.0)
             .with_jitter()
             .without_max_times(),
