@@ -71,6 +71,18 @@ esac
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 mkdir -p "$out"
 
+# Unless CARGO_TARGET_DIR says otherwise, this release build keeps its own target directory in
+# the cache, so that on a fresh clone only the workspace's crates are compiled again (about
+# 1.5 min instead of 5.5 on 2 cores; it holds about 0.8 GB). Started afresh past 4 GiB, since
+# every dependency version ever built stays in it.
+if [[ -z "${CARGO_TARGET_DIR:-}" ]]; then
+    export CARGO_TARGET_DIR="${BURST_PREFIX_CACHE:-$HOME/.cache/burst-prefix}/images-target"
+    if [[ -d "$CARGO_TARGET_DIR" ]] && (($(du -sm "$CARGO_TARGET_DIR" | cut -f1) > 4096)); then
+        echo "images: $CARGO_TARGET_DIR outgrew 4 GiB; starting it afresh"
+        rm -rf "$CARGO_TARGET_DIR"
+    fi
+fi
+
 # The binaries, as the Dockerfiles' builder stages build them (--target: RUSTFLAGS reach only
 # the binaries, not build scripts and proc macros).
 packages=()
@@ -78,8 +90,7 @@ for name in "${products[@]}"; do packages+=(-p "burst-prefix-$name" --bin "burst
 echo "images: building static release binaries (${products[*]})"
 RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --locked --target "$triple" "${packages[@]}"
-# Where cargo put them: its target directory, which CARGO_TARGET_DIR (or a cargo config) may
-# move out of the repository.
+# Where cargo put them: CARGO_TARGET_DIR, set above unless it was given.
 target_dir="$(cargo metadata --format-version 1 --no-deps --locked | jq -r .target_directory)"
 release_dir="$target_dir/$triple/release"
 
