@@ -529,23 +529,39 @@ async fn run_connecting(
     }
 }
 
+/// How long one attempt to reach an engine's publisher lasts (the zeromq crate retries inside
+/// it, from 50 ms up). Attempts repeat for as long as the endpoint is listed: an engine can take
+/// minutes to load its model, and the crate's own default gives up after 30 s for good.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+
 /// One endpoint's publisher, followed until its task is aborted or the sink closes.
 async fn follow_endpoint(ep: EngineEndpoint, template: String, ctx: std::sync::Arc<Ctx>) {
     let address = ep.address(&template);
-    let mut socket = zeromq::SubSocket::new();
+    let mut options = zeromq::SocketOptions::default();
+    options.connect_timeout(CONNECT_ATTEMPT);
+    let mut socket = zeromq::SubSocket::with_options(options);
     // Subscribed first, so every connection (and reconnection) is sent the subscription when its
     // handshake ends (see the bind topology).
     if let Err(e) = socket.subscribe("").await {
         tracing::warn!(endpoint = %ep.id, error = %e, "kv events: cannot subscribe");
         return;
     }
-    // Retries with backoff until the engine's publisher is up (the socket reconnects by itself
-    // after that). One connection per data-parallel rank.
+    // Retries until the engine's publisher is up (the socket reconnects by itself after that).
+    // One connection per data-parallel rank.
     for rank in 0..i64::from(ctx.config.data_parallel_size.max(1)) {
         let address = rank_address(&address, rank);
-        if let Err(e) = socket.connect(&address).await {
-            tracing::warn!(endpoint = %ep.id, %address, error = %e, "kv events: cannot connect");
-            return;
+        let mut attempts = 0u64;
+        while let Err(e) = socket.connect(&address).await {
+            if attempts == 0 {
+                tracing::warn!(endpoint = %ep.id, %address, error = %e, "kv events: cannot connect yet; retrying until the engine's publisher is up");
+            } else {
+                tracing::debug!(endpoint = %ep.id, %address, error = %e, "kv events: cannot connect yet");
+            }
+            attempts += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if attempts > 0 {
+            tracing::info!(endpoint = %ep.id, %address, attempts, "kv events: connected");
         }
     }
     let mut stream = Stream::new(
