@@ -57,8 +57,7 @@ async fn an_engine_whose_publisher_comes_up_after_the_zeromq_connect_timeout_is_
         msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
         msg.push_back(payload.clone());
         publisher.send(msg).await.unwrap();
-        if let Ok(Some(update)) = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await
-        {
+        if let Ok(Some(update)) = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
             assert!(
                 matches!(update, EngineUpdate::Batch { ref replica, .. } if replica == "late"),
                 "{update:?}"
