@@ -45,6 +45,8 @@ pub struct Vllm {
     pub model: PathBuf,
     /// `VLLM_CPU_KVCACHE_SPACE`: the KV cache, in GiB.
     pub kv_cache_gib: usize,
+    /// `--num-gpu-blocks-override`: the KV cache in blocks, overriding its size in GiB.
+    pub kv_cache_blocks: Option<u64>,
     /// `OMP_NUM_THREADS`: the machine's cores are shared by all replicas, unpinned.
     pub threads: usize,
     pub max_model_len: usize,
@@ -123,6 +125,9 @@ impl Engine {
                     .env("TRANSFORMERS_OFFLINE", "1")
                     .env("VLLM_NO_USAGE_STATS", "1")
                     .env("DO_NOT_TRACK", "1");
+                if let Some(blocks) = e.kv_cache_blocks {
+                    command.args(["--num-gpu-blocks-override", &blocks.to_string()]);
+                }
                 if let Some(endpoint) = &e.kv_events {
                     // An endpoint without `*` is connected to, not bound: the proxy binds it
                     // (docs/behaviour.md §7's bind topology), and a replica publishes whether

@@ -57,6 +57,13 @@ struct Args {
     /// vLLM: each replica's KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE).
     #[arg(long, default_value_t = 1)]
     kv_cache_gib: usize,
+    /// vLLM: each replica's KV cache, in blocks (`--num-gpu-blocks-override`), instead of
+    /// --kv-cache-gib: a cache small enough to evict. It must hold one --max-model-len request.
+    #[arg(long)]
+    kv_cache_blocks: Option<u64>,
+    /// vLLM: `--max-model-len`, the longest prompt plus answer a replica accepts.
+    #[arg(long, default_value_t = 4096)]
+    max_model_len: usize,
     /// The peer routers' venv python (bench/engine/peers/setup.sh --print-python).
     #[arg(long)]
     peers_python: Option<PathBuf>,
@@ -153,11 +160,12 @@ fn engine(args: &Args, kv_events_bind: &str) -> Engine {
             python: args.vllm_python.clone().expect("required"),
             model: args.vllm_model.clone().expect("required"),
             kv_cache_gib: args.kv_cache_gib,
+            kv_cache_blocks: args.kv_cache_blocks,
             // One each: the replicas share the machine's 2 cores, and 2 OpenMP threads each
             // oversubscribe them (round-robin on grpo took 16.1 s of wall time with 2, 5.4 s
             // with 1, computing the same tokens).
             threads: args.threads.unwrap_or(1),
-            max_model_len: 4096,
+            max_model_len: args.max_model_len,
             kv_events: Some(kv_events_bind.to_string()),
         }),
     }
@@ -506,10 +514,13 @@ fn engine_settings(args: &Args, engine: &Engine, probed: &Probed) -> String {
             e.slots, e.threads, e.cache_ram_mib, probed.cache_tokens_per_replica
         ),
         Engine::Vllm(e) => format!(
-            "CPU build, --enforce-eager, prefix caching, {}-token KV blocks, {} GiB KV cache \
+            "CPU build, --enforce-eager, prefix caching, {}-token KV blocks, {} KV cache \
              ({} tokens) and OMP_NUM_THREADS={} each, all on the same cores; {} replicas",
             probed.block_size,
-            e.kv_cache_gib,
+            match e.kv_cache_blocks {
+                Some(blocks) => format!("a {blocks}-block (--num-gpu-blocks-override)"),
+                None => format!("{} GiB", e.kv_cache_gib),
+            },
             probed.cache_tokens_per_replica,
             e.threads,
             args.replicas
