@@ -286,6 +286,7 @@ fn events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_rese
         })),
         args: vec!["--prefix-caching-hash-algo".into(), "sha256_cbor".into()],
         env: vec![("VLLM_SERVER_DEV_MODE".into(), "1".into())],
+        ..VllmOptions::default()
     });
     let tokenizer = Tokenizer::from_dir(&model_dir()).expect("the model's tokenizer");
     runtime().block_on(async {

@@ -84,6 +84,7 @@ async fn a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history(
         python,
         model,
         kv_cache_gib: 1,
+        kv_cache_blocks: None,
         threads: 2,
         max_model_len: 4096,
         kv_events: None,

@@ -62,8 +62,10 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// One vLLM server on 127.0.0.1, stopped (its whole process group) when dropped.
+/// One vLLM server on a loopback address, stopped (its whole process group) when dropped.
 pub struct Vllm {
+    /// The loopback address it listens on ([`VllmOptions::host`]).
+    pub host: String,
     pub port: u16,
     child: Child,
     log: PathBuf,
@@ -73,6 +75,10 @@ pub struct Vllm {
 /// How to start one server.
 #[derive(Default)]
 pub struct VllmOptions {
+    /// The loopback address to listen on; `None`: 127.0.0.1. Another address of 127.0.0.0/8
+    /// gives a replica a host of its own, as a pod has (e.g. for a publisher on a port every
+    /// replica uses).
+    pub host: Option<String>,
     /// The HTTP port (see [`free_port`]).
     pub port: u16,
     /// `--kv-events-config` JSON, if any.
@@ -89,6 +95,10 @@ impl Vllm {
         let python = vllm_python();
         let model = model_dir();
         let port = options.port;
+        let host = options
+            .host
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1".to_string());
         let dir = tempfile::tempdir().expect("a temp dir");
         let log = dir.path().join("vllm.log");
         let out = std::fs::File::create(&log).expect("the log file");
@@ -96,7 +106,7 @@ impl Vllm {
         command
             .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&model)
-            .args(["--served-model-name", "tiny", "--host", "127.0.0.1"])
+            .args(["--served-model-name", "tiny", "--host", &host])
             .args(["--port", &port.to_string()])
             .args(["--dtype", "bfloat16", "--max-model-len", "2048"])
             .args(["--enable-prefix-caching", "--enforce-eager"])
@@ -120,6 +130,7 @@ impl Vllm {
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command.spawn().expect("starting vLLM");
         let mut vllm = Vllm {
+            host,
             port,
             child,
             log,
@@ -131,7 +142,7 @@ impl Vllm {
 
     fn wait_healthy(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        let url = format!("http://127.0.0.1:{}/health", self.port);
+        let url = self.url("/health");
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("vLLM exited ({status}) while starting\n{}", self.log_tail());
@@ -152,9 +163,9 @@ impl Vllm {
         );
     }
 
-    /// `http://127.0.0.1:PORT{path}`.
+    /// `http://HOST:PORT{path}`.
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{}", self.port, path)
+        format!("http://{}:{}{}", self.host, self.port, path)
     }
 
     /// The last lines of the server's log.
