@@ -217,6 +217,16 @@ mod tests {
             .find_map(|p| p.memory_settings())
             .expect("a proxy route with memory");
         assert_eq!(memory_on.capacity_blocks.get() as u64 * 64, 6_400);
+        // The windowed routes run with the product's default: no load carried across windows.
+        let windowed_memory = routes
+            .iter()
+            .filter_map(Route::planner)
+            .filter(|p| p.window_duration_ms > 0)
+            .filter_map(|p| p.memory_settings());
+        assert!(windowed_memory.clone().count() >= 3);
+        for memory in windowed_memory {
+            assert_eq!(memory.load_half_life_ms, 0);
+        }
         let events = routes
             .iter()
             .find(|r| r.name == "proxy with events")
