@@ -52,6 +52,9 @@ pub struct RequestRecord {
     /// The engine's usage in the answer (`None` if the answer carried none).
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
+    /// From the step's start to sending the request (the step's requests are sent at once;
+    /// this is how long their tasks took to start on these shared cores).
+    pub sent_ms: f64,
     /// From sending the request to its first streamed byte.
     pub ttft_ms: f64,
     pub latency_ms: f64,
@@ -304,6 +307,7 @@ async fn run_steps(
                         replica: target,
                         direct,
                         step: index,
+                        step_started: started,
                         timeout,
                     };
                     send(&client, sent, body).await
@@ -519,6 +523,8 @@ struct Sent<'a> {
     /// Sent by the second path.
     direct: bool,
     step: usize,
+    /// When the step started.
+    step_started: Instant,
     timeout: Duration,
 }
 
@@ -534,9 +540,11 @@ async fn send(
         replica,
         direct,
         step,
+        step_started,
         timeout,
     } = sent;
     let started = Instant::now();
+    let sent_ms = started.duration_since(step_started).as_secs_f64() * 1e3;
     let mut request = client
         .post(format!("{url}{path}"))
         .json(&body)
@@ -578,6 +586,7 @@ async fn send(
         direct,
         prompt_tokens: usage.map(|u| u.prompt_tokens),
         cached_tokens: usage.map(|u| u.cached_tokens),
+        sent_ms,
         ttft_ms: ttft.unwrap_or(latency).as_secs_f64() * 1e3,
         latency_ms: latency.as_secs_f64() * 1e3,
     })
