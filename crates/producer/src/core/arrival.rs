@@ -12,8 +12,8 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burst_prefix_planner::in_flight::Placement as Placed;
-use burst_prefix_planner::{Arrival, InFlight, InFlightSettings, PlacementId, Replica, Source};
+use burst_prefix_planner::ArrivalPlacement as Placed;
+use burst_prefix_planner::{Arrival, InFlight, InFlightSettings, PlacementId, Replica, PlacementReason};
 
 use super::config_store::Snapshot;
 use super::engines::Engines;
@@ -62,7 +62,7 @@ impl Default for Arrivals {
 /// Where one request was placed on arrival, in the config's endpoint indices.
 pub(super) struct Arrived {
     pub assigned: Option<usize>,
-    pub source: Option<Source>,
+    pub source: Option<PlacementReason>,
     /// `(endpoint, leading blocks held)`, sorted by endpoint.
     pub held: Vec<(usize, usize)>,
     pub id: PlacementId,
@@ -119,7 +119,7 @@ impl Planner {
         let to_config = |position: usize| arrivals.usable[position];
         let arrived = Arrived {
             assigned: placed.replica.map(to_config),
-            source: placed.source,
+            source: placed.reason,
             held: placed
                 .held
                 .iter()

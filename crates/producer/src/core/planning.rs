@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burst_prefix_api::Endpoint;
-use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, Source};
+use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, PlacementReason};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::arrival::Arrivals;
@@ -66,7 +66,7 @@ impl Planner {
             &["source"],
         )
         .unwrap();
-        for source in Source::ALL {
+        for source in PlacementReason::ALL {
             placements.with_label_values(&[source.label()]);
         }
         registry.register(Box::new(blocks.clone())).unwrap();
@@ -132,7 +132,7 @@ impl Planner {
         let now_ms = self.now_ms();
         let memory = self.model.as_mut().map(|(memory, _)| (memory, now_ms));
         let plan = plan_batch(params, replicas, requests, memory);
-        for source in plan.sources.iter().flatten() {
+        for source in plan.reasons.iter().flatten() {
             self.placements.with_label_values(&[source.label()]).inc();
         }
         plan

@@ -1,14 +1,14 @@
 //! Step 5 of the spec's placement: each unit's first replica, filled up to k, then spilled to
 //! the next least-loaded replica; the load it adds.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use super::balance::Balance;
-use super::block_keys::BuildBlockHasher;
+use super::balance::{earliest_finish, Balance, Candidate};
 use super::held_blocks::HeldBlocks;
 use super::recall::Recall;
 use super::units::Unit;
-use super::{BalanceBy, Plan, PlanParams, Replica, Source};
+use super::walk::{Matches, WindowHolders};
+use super::{BalanceBy, HeldPrefixes, PlacementReason, Plan, PlanParams, Replica};
 use crate::prefixhash::BlockHash;
 
 /// Step 5: the state of one window's placement.
@@ -19,53 +19,46 @@ use crate::prefixhash::BlockHash;
 /// (N > 0) the unit's first replica comes from the holders of its deepest held block by load
 /// (`HeldBlocks`). The least-loaded replica comes from an ordered index, not a scan of the
 /// replicas.
-pub(super) struct Placer<'a> {
-    pub(super) params: &'a PlanParams,
+pub(super) struct UnitPlacer<'a> {
+    params: &'a PlanParams,
     /// With memory: the walk reads its models beside the window's own index.
-    pub(super) recall: Option<Recall<'a>>,
+    recall: Option<Recall<'a>>,
     /// k, with unlimited as `usize::MAX`.
-    pub(super) k: usize,
-    pub(super) balance: Balance,
+    k: usize,
+    balance: Balance,
     /// The prefix preference: replicas need at least this many leading blocks.
-    pub(super) prefer_from: Option<usize>,
-    pub(super) load: Vec<u64>,
+    prefer_from: Option<usize>,
+    load: Vec<u64>,
     /// The sum of `load`.
-    pub(super) total_load: u64,
+    total_load: u64,
     /// The static part of the tie-break: rank by (running requests, id bytes).
-    pub(super) order: Vec<u32>,
+    order: Vec<u32>,
     /// Replicas under k for the current unit, by (load, order): the least-loaded is the first.
-    pub(super) under_k: BTreeSet<(u64, u32)>,
+    under_k: BTreeSet<(u64, u32)>,
     /// Replica by `order`, to read `under_k`'s entries.
-    pub(super) by_order: Vec<u32>,
+    by_order: Vec<u32>,
     /// Replicas that reached k in the current unit, out of `under_k` until the unit is placed.
-    pub(super) full: Vec<usize>,
+    full: Vec<usize>,
     /// Placing members beyond k x replicas: every replica stays a candidate.
-    pub(super) overflowing: bool,
+    overflowing: bool,
     /// Without memory: what this window placed where.
-    pub(super) held: HeldBlocks<'a>,
-    /// With memory: the replicas this window placed each block another unit of the window
-    /// shares on, walked beside the models.
-    /// As the head of a list in `holder_nodes` (one arena per window, not a `Vec` per block:
-    /// allocating one per block was most of the time of a 10,000-request window).
-    pub(super) holders: HashMap<BlockHash, u32, BuildBlockHasher>,
-    /// Singly linked lists of the replicas holding a block: (replica, next node or `NO_NODE`).
-    pub(super) holder_nodes: Vec<(u32, u32)>,
-    /// Scratch, per replica: leading blocks of the current unit it holds; nonzero only for the
-    /// replicas in `matched`.
-    pub(super) matches: Vec<usize>,
-    pub(super) matched: Vec<usize>,
+    held: HeldBlocks<'a>,
+    /// With memory: the replicas this window placed each shared block on.
+    window: WindowHolders,
+    /// Scratch: the leading blocks of the current unit each replica holds.
+    matches: Matches,
     /// Scratch, per replica: members of the current unit placed on it.
-    pub(super) members_here: Vec<usize>,
+    members_here: Vec<usize>,
     /// Scratch: replicas the current unit touched, in placement order.
-    pub(super) touched: Vec<usize>,
+    touched: Vec<usize>,
     /// Scratch, per replica, with memory: a member of the current unit placed on it may use it
     /// (step 7), so its model records the unit.
-    pub(super) usable: Vec<bool>,
-    /// Scratch for `Placer::earliest_finish`.
-    pub(super) price_from: Vec<f64>,
+    usable: Vec<bool>,
+    /// Scratch for `UnitPlacer::earliest_finish`.
+    price_from: Vec<f64>,
 }
 
-impl<'a> Placer<'a> {
+impl<'a> UnitPlacer<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         replicas: &'a [Replica<'a>],
@@ -90,7 +83,7 @@ impl<'a> Placer<'a> {
         for (rank, &replica) in by_order.iter().enumerate() {
             order[replica as usize] = rank as u32;
         }
-        Placer {
+        UnitPlacer {
             params,
             k: params.max_per_replica.unwrap_or(usize::MAX),
             balance,
@@ -103,10 +96,8 @@ impl<'a> Placer<'a> {
             full: Vec::new(),
             overflowing: false,
             held,
-            holders: HashMap::with_capacity_and_hasher(walked_blocks, BuildBlockHasher::default()),
-            holder_nodes: Vec::with_capacity(walked_blocks),
-            matches: vec![0; replicas.len()],
-            matched: Vec::new(),
+            window: WindowHolders::with_capacity(walked_blocks),
+            matches: Matches::new(replicas.len()),
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
             usable: vec![false; if recall.is_some() { replicas.len() } else { 0 }],
@@ -115,28 +106,42 @@ impl<'a> Placer<'a> {
         }
     }
 
+    /// With memory (the models are read; this window's touches wait for `Memory::settle`).
+    pub(super) fn remembers(&self) -> bool {
+        self.recall.is_some()
+    }
+
+    /// The final load per replica.
+    pub(super) fn into_loads(self) -> Vec<u64> {
+        self.load
+    }
+
     pub(super) fn place(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
         if self.recall.is_some() {
-            self.walk_holders(unit.blocks, unit.shared());
+            self.matches.walk(
+                &self.window,
+                self.recall.as_mut(),
+                unit.blocks,
+                unit.shared(),
+            );
+            self.matches
+                .keep_as_held_list(&unit.members, &mut plan.held);
         } else {
             self.held.start_unit(unit.blocks);
-        }
-        if self.recall.is_some() {
-            self.keep_held_list(&unit.members, &mut plan.held);
         }
         let k = self.k;
         let members = &unit.members;
         let mut next = 0;
-        let (mut target, mut source) = self.first_replica(unit);
+        let (mut target, mut reason) = self.first_replica(unit);
         // Fill one replica up to k, then spill to the next least-loaded replica under k.
         loop {
             let take = k.min(members.len() - next);
-            self.put(unit, &members[next..next + take], target, source, plan);
+            self.put(unit, &members[next..next + take], target, reason, plan);
             next += take;
             if next == members.len() {
                 break;
             }
-            source = Source::LeastLoaded;
+            reason = PlacementReason::LeastLoaded;
             match self.least_loaded() {
                 Some(replica) => target = replica,
                 None => break,
@@ -150,7 +155,7 @@ impl<'a> Placer<'a> {
             for member in next..members.len() {
                 let replica = self.least_loaded().expect("at least one replica");
                 let one = &members[member..=member];
-                self.put(unit, one, replica, Source::LeastLoaded, plan);
+                self.put(unit, one, replica, PlacementReason::LeastLoaded, plan);
             }
             self.overflowing = false;
         }
@@ -182,13 +187,40 @@ impl<'a> Placer<'a> {
             self.members_here[replica] = 0;
         }
         self.touched.clear();
-        self.clear_matches();
+        self.matches.clear();
+    }
+
+    /// With memory, for a request outside every unit (entry `entry` of the batch): what the
+    /// replicas held of it, for its answer.
+    pub(super) fn keep_held_list_of(
+        &mut self,
+        blocks: &[BlockHash],
+        entry: usize,
+        held: &mut HeldPrefixes,
+    ) {
+        self.matches
+            .walk(&self.window, self.recall.as_mut(), blocks, 0);
+        self.matches.keep_as_held_list(&[entry], held);
+        self.matches.clear();
+    }
+
+    /// Records `blocks` as held by `replica` in this window; its leading matched blocks
+    /// already are.
+    fn record(&mut self, blocks: &[BlockHash], replica: usize) {
+        let from = self.matches.of(replica);
+        if self.recall.is_none() {
+            let key = self.key(replica);
+            self.held.record(from, replica as u32, key);
+        } else {
+            self.window
+                .record(blocks.get(from..).unwrap_or_default(), replica as u32);
+        }
     }
 
     /// The replica a unit starts on, and why: the longest held prefix (at least the
     /// preference's blocks) among replicas under the fair share, else the least-loaded replica
     /// (every replica is under k when a unit starts).
-    pub(super) fn first_replica(&mut self, unit: &Unit<'_>) -> (usize, Source) {
+    fn first_replica(&mut self, unit: &Unit<'_>) -> (usize, PlacementReason) {
         let preferred = match &self.balance {
             Balance::FairShare { max_share } if self.recall.is_none() => {
                 let max_share = *max_share;
@@ -204,14 +236,16 @@ impl<'a> Placer<'a> {
             }
             Balance::FairShare { max_share } => self.prefer_from.and_then(|need| {
                 let by_match = |&a: &usize, &b: &usize| {
-                    self.matches[a]
-                        .cmp(&self.matches[b])
+                    self.matches
+                        .of(a)
+                        .cmp(&self.matches.of(b))
                         .then_with(|| self.key(b).cmp(&self.key(a)))
                 };
-                self.matched
+                self.matches
+                    .matched()
                     .iter()
                     .copied()
-                    .filter(|&r| self.matches[r] >= need && self.load[r] < *max_share)
+                    .filter(|&r| self.matches.of(r) >= need && self.load[r] < *max_share)
                     .max_by(by_match)
             }),
             Balance::EarliestFinish => self.earliest_finish(unit),
@@ -220,28 +254,28 @@ impl<'a> Placer<'a> {
             Some(best) => {
                 let need = self.prefer_from.unwrap_or(1);
                 // From memory when this window's placements alone would not have preferred it.
-                let source = if self.recall.is_some() && !self.window_holds(unit.blocks, best, need)
+                let reason = if self.recall.is_some() && !self.window.holds(unit.blocks, best, need)
                 {
-                    Source::Memory
+                    PlacementReason::Memory
                 } else {
-                    Source::Window
+                    PlacementReason::Window
                 };
-                (best, source)
+                (best, reason)
             }
             None => {
                 let replica = self.least_loaded().expect("at least one replica");
-                (replica, Source::LeastLoaded)
+                (replica, PlacementReason::LeastLoaded)
             }
         }
     }
 
     /// Places `members` (of one unit) on `replica`.
-    pub(super) fn put(
+    fn put(
         &mut self,
         unit: &Unit<'_>,
         members: &[usize],
         replica: usize,
-        source: Source,
+        reason: PlacementReason,
         plan: &mut Plan,
     ) {
         let indexed = self.under_k.remove(&self.key(replica));
@@ -249,15 +283,11 @@ impl<'a> Placer<'a> {
             self.touched.push(replica);
             if self.recall.is_none() {
                 // Not walked: look up only what this replica holds.
-                let held = self.held.held_prefix(replica);
-                if held > 0 {
-                    self.matches[replica] = held;
-                    self.matched.push(replica);
-                }
+                self.matches.set(replica, self.held.held_prefix(replica));
             }
             if self.params.balance_by == BalanceBy::Tokens {
                 // A prefix already held on this replica is not prefilled again.
-                let prefill = (unit.blocks.len() - self.matches[replica]) as u64;
+                let prefill = (unit.blocks.len() - self.matches.of(replica)) as u64;
                 self.load[replica] += prefill;
                 self.total_load += prefill;
             }
@@ -269,7 +299,7 @@ impl<'a> Placer<'a> {
         self.members_here[replica] += members.len();
         for &member in members {
             plan.assignments[member] = Some(replica);
-            plan.sources[member] = Some(source);
+            plan.reasons[member] = Some(reason);
         }
         if indexed {
             if self.overflowing || self.members_here[replica] < self.k {
@@ -281,7 +311,7 @@ impl<'a> Placer<'a> {
     }
 
     /// Puts the replicas that reached k in this unit back among the candidates.
-    pub(super) fn restore_full(&mut self) {
+    fn restore_full(&mut self) {
         for i in 0..self.full.len() {
             let replica = self.full[i];
             self.under_k.insert(self.key(replica));
@@ -290,14 +320,41 @@ impl<'a> Placer<'a> {
     }
 
     /// Step 6's order: lower window load, then fewer running requests, then the lower id.
-    pub(super) fn key(&self, replica: usize) -> (u64, u32) {
+    fn key(&self, replica: usize) -> (u64, u32) {
         (self.load[replica], self.order[replica])
     }
 
     /// The least-loaded replica under k for the current unit.
-    pub(super) fn least_loaded(&self) -> Option<usize> {
+    fn least_loaded(&self) -> Option<usize> {
         self.under_k
             .first()
             .map(|&(_, rank)| self.by_order[rank as usize] as usize)
+    }
+
+    /// The replica holding a prefix (at least the preference's blocks) where the unit's first
+    /// member finishes first, if it beats the least-loaded replica (`earliest_finish`, with the
+    /// window's units as the users of each block).
+    fn earliest_finish(&mut self, unit: &Unit<'_>) -> Option<usize> {
+        // One buffer for every unit's prices: allocating one per unit showed in the profile.
+        let mut price_from = std::mem::take(&mut self.price_from);
+        let need = self.prefer_from.unwrap_or(1);
+        let held = |r: usize| Some(self.matches.of(r)).filter(|&m| m >= need).unwrap_or(0);
+        let candidate = |r: usize| Candidate {
+            replica: r,
+            held: held(r),
+            load: self.load[r] as f64,
+            key: self.key(r),
+        };
+        let coldest = self.least_loaded().expect("at least one replica");
+        let best = earliest_finish(
+            unit.blocks.len(),
+            self.matches.matched().iter().map(|&r| candidate(r)),
+            candidate(coldest),
+            |depth| unit.shared_by(depth),
+            (self.total_load as f64, self.load.len()),
+            &mut price_from,
+        );
+        self.price_from = price_from;
+        best
     }
 }
