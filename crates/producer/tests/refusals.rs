@@ -5,7 +5,7 @@
 
 mod common;
 
-use burst_prefix_producer::core::Limits;
+use burst_prefix_core::Limits;
 use burst_prefix_producer::epp::data_plane;
 use common::ext_proc::{immediate, ExtProc};
 use common::{completion, dead_address, sample, Local};

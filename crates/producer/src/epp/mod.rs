@@ -44,9 +44,11 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 
-use crate::core::body::take;
-use crate::core::budget::Reserved;
-use crate::core::{Finish, Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route};
+use burst_prefix_core::body::take;
+use burst_prefix_core::budget::Reserved;
+use burst_prefix_core::{
+    Finish, Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route,
+};
 use messages::Routing;
 
 /// The gRPC service name of the ext_proc service, as health checks name it.

@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::core::Producer;
+use burst_prefix_core::Producer;
 pub use error::ProxyError;
 use upstream::{Outgoing, Upstreams};
 

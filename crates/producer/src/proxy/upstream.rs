@@ -19,8 +19,8 @@ use prometheus::IntGauge;
 
 use super::error::ProxyError;
 use super::{ProxyConfig, ENDPOINT_HEADER, WINDOW_HEADER};
-use crate::core::metrics::{Metrics, UpstreamClass};
-use crate::core::{Attempted, Finish, InFlight, Producer, Route};
+use burst_prefix_core::metrics::{Metrics, UpstreamClass};
+use burst_prefix_core::{Attempted, Finish, InFlight, Producer, Route};
 
 /// The replicas as the proxy reaches them: one pooled client, one config.
 pub struct Upstreams {

@@ -28,11 +28,11 @@ use std::sync::{Arc, OnceLock};
 use burst_prefix_api::PlannerConfig;
 use tokio::sync::Semaphore;
 
-use crate::core::body::read_body;
-use crate::core::metrics::Metrics;
-use crate::core::request::RequestError;
-use crate::core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
-use crate::core::{PlaceError, Producer};
+use burst_prefix_core::body::read_body;
+use burst_prefix_core::metrics::Metrics;
+use burst_prefix_core::request::RequestError;
+use burst_prefix_core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
+use burst_prefix_core::{PlaceError, Producer};
 use error::ApiError;
 use response::{MatchesShown, ProduceResponse};
 

@@ -13,15 +13,15 @@ use burst_prefix_runtime::producer::DEFAULT_DRAIN_TIMEOUT_MS;
 use clap::{ArgGroup, Args};
 
 use crate::config_sources::{configmap, ConfigSource};
-use crate::core::limits::{
-    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
-    DEFAULT_MAX_WINDOW_BYTES,
-};
-use crate::core::Limits;
 use crate::listen::ConnectionLimits;
 use crate::proxy::ProxyConfig;
 use crate::serve::Role;
 use crate::tls::{self, CertificateSource};
+use burst_prefix_core::limits::{
+    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
+    DEFAULT_MAX_WINDOW_BYTES,
+};
+use burst_prefix_core::Limits;
 use tokio_rustls::TlsAcceptor;
 
 /// Every interface, on `port`.

@@ -19,7 +19,7 @@ pub use burst_prefix_runtime::logging::{LogArgs, LogFormat};
 pub use args::ServeArgs;
 pub use service::{Binding, Role, Service};
 
-use crate::core::Producer;
+use burst_prefix_core::Producer;
 
 /// Runs `serve` to the end: exit 0 after a graceful shutdown, 2 when it cannot start.
 pub fn run(args: ServeArgs) -> ExitCode {

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use nix::sys::signal::{kill, Signal};

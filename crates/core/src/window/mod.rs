@@ -542,12 +542,12 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::ConfigOrigin;
-    use crate::core::request::InferenceRequest;
+    use crate::config_store::ConfigOrigin;
+    use crate::request::InferenceRequest;
 
     fn planner() -> Arc<Mutex<Planner>> {
         let registry = prometheus::Registry::new();
-        let engines = Arc::new(crate::core::engines::Engines::new(&registry));
+        let engines = Arc::new(crate::engines::Engines::new(&registry));
         Arc::new(Mutex::new(Planner::new(&registry, engines)))
     }
 

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burst_prefix_planner::ArrivalPlacement as Placed;
-use burst_prefix_planner::{Arrival, InFlight, InFlightSettings, PlacementId, Replica, PlacementReason};
+use burst_prefix_planner::{
+    Arrival, InFlight, InFlightSettings, PlacementId, PlacementReason, Replica,
+};
 
 use super::config_store::Snapshot;
 use super::engines::Engines;

@@ -67,7 +67,7 @@ pub fn take(reserved: &mut Reserved, bytes: usize) -> Result<(), PlaceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::budget::ByteBudget;
+    use crate::budget::ByteBudget;
     use http_body_util::{Full, StreamBody};
 
     fn limits(max_body_bytes: usize) -> Limits {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burst_prefix_api::Endpoint;
-use burst_prefix_planner::{Memory, MemorySettings, Plan, Replica, PlacementReason};
+use burst_prefix_planner::{Memory, MemorySettings, PlacementReason, Plan, Replica};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::arrival::Arrivals;

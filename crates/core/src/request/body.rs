@@ -10,7 +10,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 use serde::Deserialize;
 
 use super::{InferenceRequest, PromptInput};
-use crate::core::hints::{Hints, HINTS_FIELD};
+use crate::hints::{Hints, HINTS_FIELD};
 
 impl<'de> Deserialize<'de> for InferenceRequest<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

@@ -154,7 +154,7 @@ fn rendezvous(group: u64, id: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::window::seal::SealReason;
+    use crate::window::seal::SealReason;
     use burst_prefix_api::ProducerConfig;
     use std::time::Duration;
 

@@ -265,8 +265,8 @@ mod tests {
         assert_eq!(store.apply_text(text).unwrap(), Applied::Accepted(1));
         let spec = store.current().unwrap().settings.block_spec;
         let body = br#"{"model": "m", "prompt": ["You are a helpful assistant.", "x"]}"#;
-        let request = crate::core::request::InferenceRequest::parse(body).unwrap();
-        let hashed = crate::core::request::HashedRequest::new(&request, spec);
+        let request = crate::request::InferenceRequest::parse(body).unwrap();
+        let hashed = crate::request::HashedRequest::new(&request, spec);
         assert_eq!(hashed.blocks.len(), 2);
     }
 
