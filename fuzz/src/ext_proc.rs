@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use burst_prefix_api::ProducerConfig;
-use burst_prefix_core::request::InferenceRequest;
+use burst_prefix_core::read::InferenceRequest;
 use burst_prefix_core::ConfigOrigin;
 use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::epp::data_plane::{

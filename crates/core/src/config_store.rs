@@ -13,7 +13,7 @@ use burst_prefix_api::{PlannerConfig, ProducerConfig};
 use burst_prefix_planner::{BlockSpec, PlanParams};
 use serde::Serialize;
 
-use super::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Where the config in force came from (shown by `GET /v1/endpoints` and in logs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -114,23 +114,24 @@ pub enum Applied {
 }
 
 pub struct ConfigStore {
-    source: ConfigOrigin,
+    origin: ConfigOrigin,
     current: RwLock<Option<Arc<Snapshot>>>,
     metrics: Arc<Metrics>,
 }
 
 impl ConfigStore {
     /// A store with no config yet (not ready until a source delivers one).
-    pub fn new(source: ConfigOrigin, metrics: Arc<Metrics>) -> Self {
+    pub fn new(origin: ConfigOrigin, metrics: Arc<Metrics>) -> Self {
         ConfigStore {
-            source,
+            origin,
             current: RwLock::new(None),
             metrics,
         }
     }
 
-    pub fn source(&self) -> &ConfigOrigin {
-        &self.source
+    /// Where the config comes from.
+    pub fn origin(&self) -> &ConfigOrigin {
+        &self.origin
     }
 
     /// The config in force, if one was accepted.
@@ -176,7 +177,7 @@ impl ConfigStore {
         self.metrics.config_reload(false);
         let generation = self.current().map_or(0, |snapshot| snapshot.generation);
         tracing::warn!(
-            source = %self.source,
+            source = %self.origin,
             in_force = generation,
             error = reason,
             "config update rejected; the last good config stays in force"
@@ -205,7 +206,7 @@ impl ConfigStore {
             .endpoints
             .set(i64::try_from(endpoints).unwrap_or(i64::MAX));
         tracing::info!(
-            source = %self.source,
+            source = %self.origin,
             generation,
             endpoints,
             "config accepted; it applies from the next window"
@@ -265,20 +266,20 @@ mod tests {
         assert_eq!(store.apply_text(text).unwrap(), Applied::Accepted(1));
         let spec = store.current().unwrap().settings.block_spec;
         let body = br#"{"model": "m", "prompt": ["You are a helpful assistant.", "x"]}"#;
-        let request = crate::request::InferenceRequest::parse(body).unwrap();
-        let hashed = crate::request::HashedRequest::new(&request, spec);
+        let request = crate::read::InferenceRequest::parse(body).unwrap();
+        let hashed = crate::read::HashedRequest::new(&request, spec);
         assert_eq!(hashed.blocks.len(), 2);
     }
 
     #[test]
-    fn the_source_serializes_with_its_kind() {
-        let source = ConfigOrigin::ConfigMap {
+    fn the_origin_serializes_with_its_kind() {
+        let origin = ConfigOrigin::ConfigMap {
             namespace: "ns".into(),
             name: "cm".into(),
             key: "config.yaml".into(),
         };
         assert_eq!(
-            serde_json::to_value(&source).unwrap(),
+            serde_json::to_value(&origin).unwrap(),
             serde_json::json!({"kind": "configMap", "namespace": "ns", "name": "cm", "key": "config.yaml"})
         );
         assert_eq!(

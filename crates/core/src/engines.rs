@@ -17,10 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
 use burst_prefix_engine_state::{EngineIndex, IndexConfig};
-use burst_prefix_planner::{BlockHash, Memory};
+use burst_prefix_planner::{BlockHash, Memory, Prompt};
 use prometheus::{IntCounterVec, Opts, Registry};
-
-use super::request::InferenceRequest;
 
 /// Engine blocks kept per replica at most (past it, its oldest stored block goes first).
 const INDEX_BLOCKS_PER_REPLICA: usize = 1 << 18;
@@ -108,25 +106,24 @@ impl Engines {
             .map(|(_, tokenizer)| tokenizer.clone())
     }
 
-    /// The request's prompts as the engine's token ids, when a tokenizer is in use (token-id
+    /// A request's prompts as the engine's token ids, when a tokenizer is in use (token-id
     /// prompts pass as they are); `None` hashes them as estimates. `body` is the request's,
-    /// read again for a chat's messages and tools.
+    /// read again for a chat's messages and tools (`chat`).
     pub fn token_prompts(
         &self,
         body: &[u8],
-        request: &InferenceRequest<'_>,
+        chat: bool,
+        prompts: &[Prompt<'_>],
     ) -> Option<Vec<Vec<u32>>> {
-        use super::request::PromptInput;
         let tokenizer = self.tokenizer()?;
-        let tokenized = if request.chat {
+        let tokenized = if chat {
             chat_tokens(&tokenizer, body).map(|ids| vec![ids])
         } else {
-            request
-                .prompts
+            prompts
                 .iter()
                 .map(|prompt| match prompt {
-                    PromptInput::Tokens(ids) => Ok(ids.clone()),
-                    PromptInput::Text(text) => {
+                    Prompt::Tokens(ids) => Ok(ids.to_vec()),
+                    Prompt::Text(text) => {
                         tokenizer.encode_completion(text).map_err(|e| e.to_string())
                     }
                 })

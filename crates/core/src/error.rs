@@ -1,13 +1,13 @@
 //! Why a request was not placed, for every front-end alike: the reason ([`PlaceError`]) with its
-//! stable code, HTTP status and retry advice, and the proof that it was counted ([`Refused`]).
+//! stable code, HTTP status and retry advice, and the proof that it was counted ([`Refused`]);
+//! and why a body is not an inference request ([`RequestError`]): every error names its field
+//! once, by its path in the body.
 //! Each front-end turns a [`Refused`] into its protocol (a JSON error, the OpenAI error shape,
 //! an ext_proc `ImmediateResponse`) and never decides a status of its own.
 
 use std::time::Duration;
 
 use http::StatusCode;
-
-use super::request::RequestError;
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PlaceError {
@@ -20,6 +20,9 @@ pub enum PlaceError {
     BodyUnreadable(String),
     #[error("the request body did not arrive within {seconds} s (--body-timeout-ms)")]
     BodyTimeout { seconds: f64 },
+    /// A front-end's bound on the whole request passed (the scoring API's 30 s).
+    #[error("the request was not complete within {seconds} s")]
+    RequestTimeout { seconds: u64 },
     /// The gateway sends the body in a way a router by prompt cannot use.
     #[error(
         "request_body_mode {mode} cannot be routed by prompt; configure FULL_DUPLEX_STREAMED or BUFFERED"
@@ -59,6 +62,7 @@ impl PlaceError {
             PlaceError::BodyTooLarge { .. } => "body_too_large",
             PlaceError::BodyUnreadable(_) => "invalid_body",
             PlaceError::BodyTimeout { .. } => "body_timeout",
+            PlaceError::RequestTimeout { .. } => "request_timeout",
             PlaceError::UnsupportedBodyMode { .. } => "unsupported_body_mode",
             PlaceError::NoEndpoints => "no_endpoints",
             PlaceError::NoEligibleEndpoint => "no_eligible_endpoint",
@@ -75,7 +79,9 @@ impl PlaceError {
         match self {
             PlaceError::BadRequest(_) | PlaceError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             PlaceError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            PlaceError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            PlaceError::BodyTimeout { .. } | PlaceError::RequestTimeout { .. } => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             PlaceError::BatchFull { .. } | PlaceError::WindowFull { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -125,15 +131,15 @@ impl PlaceError {
 }
 
 /// A refusal that was counted (`burst_prefix_requests_total{outcome="rejected"}`). Only the core
-/// makes one ([`super::Producer::place`], [`super::Producer::refuse`], the routing calls), so a
-/// front-end cannot answer a refusal without counting it.
+/// makes one (the path's stages, [`crate::Producer::refuse`]), so a front-end cannot answer a
+/// refusal without counting it.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{0}")]
 pub struct Refused(PlaceError);
 
 impl Refused {
-    /// Only the core counts: see [`super::Producer::refuse`].
-    pub(super) fn counted(error: PlaceError) -> Self {
+    /// Only the core counts: see [`crate::Producer::refuse`].
+    pub(crate) fn counted(error: PlaceError) -> Self {
         Refused(error)
     }
 
@@ -148,6 +154,91 @@ impl std::ops::Deref for Refused {
     fn deref(&self) -> &PlaceError {
         &self.0
     }
+}
+
+/// Why a body is not an inference request; the message names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("malformed JSON: {0}")]
+    Json(String),
+    #[error("{field}: {problem}")]
+    Field { field: String, problem: String },
+}
+
+impl RequestError {
+    /// A stable, machine-readable code for API clients.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RequestError::Json(_) => "invalid_json",
+            RequestError::Field { .. } => "invalid_request",
+        }
+    }
+
+    /// The field the error is about (`body` for the body as a whole or malformed JSON).
+    pub fn field(&self) -> &str {
+        match self {
+            RequestError::Json(_) => "body",
+            RequestError::Field { field, .. } => field,
+        }
+    }
+
+    /// The same error with its field path under `prefix` (e.g. `requests[3].body`): the path
+    /// names the field once (`requests[3].body.prompt`, and `requests[3].body` for the body).
+    pub fn within(self, prefix: &str) -> Self {
+        match self {
+            RequestError::Field { field, problem } => RequestError::Field {
+                field: match field.strip_prefix(BODY) {
+                    Some(rest) => format!("{prefix}{rest}"),
+                    None => format!("{prefix}.{field}"),
+                },
+                problem,
+            },
+            RequestError::Json(message) => RequestError::Field {
+                field: prefix.to_string(),
+                problem: format!("malformed JSON: {message}"),
+            },
+        }
+    }
+
+    pub(crate) fn from_json(error: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if !inner.is_data() {
+            return RequestError::Json(inner.to_string());
+        }
+        RequestError::Field {
+            // serde_path_to_error names the root ".".
+            field: if path == "." { BODY.to_string() } else { path },
+            problem: plain_problem(&inner),
+        }
+    }
+}
+
+/// The field name of the body as a whole.
+const BODY: &str = "body";
+
+/// serde_json's data error without its position, and its `invalid type: X, expected Y` turned
+/// into `expected Y, got <what X is>`.
+fn plain_problem(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    let text = text.strip_suffix(&position).unwrap_or(&text);
+    let Some((got, expected)) = text
+        .strip_prefix("invalid type: ")
+        .and_then(|rest| rest.split_once(", expected "))
+    else {
+        return text.to_string();
+    };
+    let kind = match got.split_whitespace().next().unwrap_or(got) {
+        "null" => "null",
+        "boolean" => "a boolean",
+        "integer" | "floating" => "a number",
+        "string" => "a string",
+        "sequence" => "an array",
+        "map" => "an object",
+        _ => got,
+    };
+    format!("expected {expected}, got {kind}")
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burst_prefix_api::Endpoint;
 
@@ -41,7 +41,18 @@ pub enum Attempted {
     Answered,
 }
 
-/// Why an endpoint was cooled down (`burst_prefix_upstream_cooldowns_total{reason}`).
+/// When an endpoint that failed is left out of planning and routing (a front-end's settings:
+/// the proxy's `--upstream-cooldown-ms` and `--upstream-cooldown-after`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoolDown {
+    /// How long it is left out.
+    pub duration: Duration,
+    /// Answers 502, 503 or 504 in a row (to first attempts) after which it is; a refused
+    /// connection cools it at once.
+    pub after_failures: u32,
+}
+
+/// Why an endpoint was cooled down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CooldownReason {
     Unreachable,
@@ -66,10 +77,10 @@ impl EndpointState {
     }
 }
 
-/// One request in flight through an endpoint, until dropped.
-pub struct InFlight(Arc<EndpointState>);
+/// One request counted in flight through an endpoint, until dropped (held by a route's handle).
+pub struct Counted(Arc<EndpointState>);
 
-impl Drop for InFlight {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -94,11 +105,11 @@ impl LiveEndpoints {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Counts a request in flight through `id` until the guard is dropped.
-    pub fn start(&self, id: &str) -> InFlight {
+    /// Counts a request in flight through `id` until the count is dropped.
+    pub fn start(&self, id: &str) -> Counted {
         let state = self.state(id);
         state.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(state)
+        Counted(state)
     }
 
     pub fn in_flight(&self, id: &str) -> u64 {

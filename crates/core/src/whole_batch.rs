@@ -7,9 +7,8 @@ use burst_prefix_planner::Replica;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::batch::plan_batch;
-use super::request::HashedRequest;
-use super::request::{InferenceRequest, RequestError};
+use crate::place::batch::plan_batch;
+use crate::read::{HashedRequest, InferenceRequest, RequestError};
 
 /// Input of `plan` and `POST /v1/plan`. Request bodies stay raw JSON until each is parsed.
 #[derive(Clone, Debug, Deserialize)]

@@ -32,7 +32,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use axum::{Json, Router};
-use burst_prefix_core::limits::DEFAULT_MAX_BODY_BYTES;
+use burst_prefix_core::admit::DEFAULT_MAX_BODY_BYTES;
 use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};

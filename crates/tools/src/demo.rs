@@ -16,8 +16,8 @@ use burst_prefix_planner::BlockHash;
 use clap::Args;
 use serde_json::{json, Value};
 
-use burst_prefix_core::request::HashedRequest;
-use burst_prefix_core::request::InferenceRequest;
+use burst_prefix_core::read::HashedRequest;
+use burst_prefix_core::read::InferenceRequest;
 use burst_prefix_core::ConfigOrigin;
 use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;

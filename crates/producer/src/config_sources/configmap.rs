@@ -77,7 +77,7 @@ impl ConfigMapWatch {
             Event::InitDone => {
                 if !self.seen_in_listing && self.store.current().is_none() {
                     tracing::warn!(
-                        source = %self.store.source(),
+                        source = %self.store.origin(),
                         "the ConfigMap does not exist yet; not ready until it does"
                     );
                 }
@@ -85,7 +85,7 @@ impl ConfigMapWatch {
             Event::Delete(_) => {
                 self.last = None;
                 tracing::warn!(
-                    source = %self.store.source(),
+                    source = %self.store.origin(),
                     "the ConfigMap was deleted; the last good config stays in force"
                 );
             }

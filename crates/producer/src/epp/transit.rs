@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tonic::{Code, Status};
 
-use burst_prefix_core::body::{take, BUDGET_RETRY_AFTER};
+use burst_prefix_core::admit::BUDGET_RETRY_AFTER;
 use burst_prefix_core::budget::Reserved;
 use burst_prefix_core::PlaceError;
 
@@ -92,7 +92,7 @@ impl TransitBody {
             self.reserved.release();
         }
         let more = in_transit - self.reserved.bytes();
-        take(&mut self.reserved, more).is_ok()
+        self.reserved.grow(more)
     }
 }
 

@@ -1,13 +1,15 @@
 //! Proxy mode (docs/behaviour.md, "Proxy"): an OpenAI-compatible router in front of the
 //! replicas, so that adopting burst-prefix is changing one base URL.
 //!
-//! `POST /v1/completions` and `POST /v1/chat/completions` are placed like `/v1/produce`, then
-//! sent along their route (the core's [`Producer::route`]: the assigned replica, else its group's
-//! fallback; without affinity the one with the fewest requests in flight). The body and headers
-//! are forwarded as they came (less hop-by-hop headers), and the answer streams back chunk by
-//! chunk, SSE included; a client that goes away drops the upstream request with it
-//! ([`upstream`]). `GET /v1/models` goes to the least busy usable replica. Errors are in OpenAI's
-//! shape ([`error`]).
+//! `POST /v1/completions` and `POST /v1/chat/completions` take the core's path (admit, read,
+//! place, route: docs/architecture.md), their body kept to be forwarded, then are sent along
+//! their route (the assigned replica, else its group's fallback; without affinity the one with
+//! the fewest requests in flight). The body and headers are forwarded as they came (less
+//! hop-by-hop headers), and the answer streams back chunk by chunk, SSE included, holding the
+//! route's handle until it ends; a client that goes away drops the upstream request with it
+//! ([`upstream`]). `GET /v1/models` goes to the least busy usable replica. Errors are in
+//! OpenAI's shape ([`error`]). The proxy's own settings ([`ProxyConfig`]: timeouts, retries, the
+//! cool-down) and metrics (`burst_prefix_upstream_*`) are here, not in the core.
 
 pub mod error;
 pub mod upstream;
@@ -23,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use burst_prefix_core::Producer;
+use burst_prefix_core::{CoolDown, KeepBody, Producer};
 pub use error::ProxyError;
 use upstream::{Outgoing, Upstreams};
 
@@ -51,6 +53,16 @@ pub struct ProxyConfig {
     /// cpp-httplib), so the proxy never sends on a connection the server is closing: such a
     /// request fails mid-flight and cannot be retried safely.
     pub idle_timeout: Duration,
+}
+
+impl ProxyConfig {
+    /// When a replica that failed is left out of planning and routing.
+    pub fn cool_down(&self) -> CoolDown {
+        CoolDown {
+            duration: self.cooldown,
+            after_failures: self.cooldown_after_5xx,
+        }
+    }
 }
 
 impl Default for ProxyConfig {
@@ -103,19 +115,19 @@ async fn place_and_send(
     peer: Option<IpAddr>,
     body: Body,
 ) -> Result<Response, ProxyError> {
-    let producer = upstreams.producer();
-    let (body, placement) = producer.place_http(&headers, body, true).await?;
-    let route = producer.route(&placement, upstreams.retries())?;
+    let mut admission = upstreams.producer().admit_http(&headers)?;
+    admission.read_http(body).await?;
+    let placed = admission.place(None, KeepBody::Keep).await?;
+    let routed = placed.route(upstreams.retries())?;
     let request = Outgoing {
         method: Method::POST,
         path,
         headers: &headers,
         peer,
-        body: &body,
-        window: Some(placement.window_id),
-        finish: producer.finish_when_dropped(&placement).map(Arc::new),
+        body: &routed.body,
+        window: Some(routed.placement.window_id),
     };
-    upstreams.send_along(&request, &route).await
+    upstreams.send_along(&request, routed.handle).await
 }
 
 /// `GET /v1/models`: from the usable replica with the fewest requests in flight.
@@ -123,7 +135,7 @@ async fn models(State(upstreams): State<Arc<Upstreams>>, request: Request) -> Re
     let peer = peer_of(&request);
     let headers = request.headers();
     let send = async {
-        let route = upstreams
+        let handle = upstreams
             .producer()
             .route_by_load(None, upstreams.retries() + 1)?;
         let request = Outgoing {
@@ -133,9 +145,8 @@ async fn models(State(upstreams): State<Arc<Upstreams>>, request: Request) -> Re
             peer,
             body: &Bytes::new(),
             window: None,
-            finish: None,
         };
-        upstreams.send_along(&request, &route).await
+        upstreams.send_along(&request, handle).await
     };
     send.await.unwrap_or_else(IntoResponse::into_response)
 }

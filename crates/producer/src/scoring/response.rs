@@ -106,7 +106,7 @@ mod tests {
     use super::*;
     use burst_prefix_api::ProducerConfig;
     use burst_prefix_core::config_store::Snapshot;
-    use burst_prefix_core::window::seal::SealReason;
+    use burst_prefix_core::place::SealReason;
     use std::sync::Arc;
     use std::time::Duration;
 

@@ -17,7 +17,7 @@ use crate::listen::ConnectionLimits;
 use crate::proxy::ProxyConfig;
 use crate::serve::Role;
 use crate::tls::{self, CertificateSource};
-use burst_prefix_core::limits::{
+use burst_prefix_core::admit::{
     DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
     DEFAULT_MAX_WINDOW_BYTES,
 };

@@ -67,7 +67,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         epp = %service.addr(Role::Epp).expect("bound"),
         epp_tls = %args.tls.epp_description(),
         admin = %service.addr(Role::Admin).expect("bound"),
-        source = %service.producer.config_store().source(),
+        source = %service.producer.config_store().origin(),
         "listening"
     );
     shutdown.received().await;

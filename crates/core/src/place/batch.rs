@@ -1,6 +1,6 @@
-//! A batch of hashed requests, planned and mapped back to endpoint ids: windows
-//! ([`super::planning`]) and whole batches ([`super::whole_batch`]) both plan through
-//! [`plan_batch`].
+//! A batch of hashed requests, planned and mapped back to endpoint ids: windows (through
+//! [`super::memory::CacheModels::plan`]) and whole batches ([`crate::whole_batch`]) both plan
+//! through [`plan_batch`].
 
 use std::collections::HashMap;
 
@@ -8,7 +8,7 @@ use burst_prefix_planner::{
     assign, assign_with_memory, BatchRequest, Memory, Plan, PlanParams, Replica,
 };
 
-use super::request::HashedRequest;
+use crate::read::HashedRequest;
 
 /// Plans one batch: endpoint ids in the requests' lists are mapped to replica indices (unknown
 /// ids are ignored), then the planner decides, with `memory` (and the time in ms on its clock)

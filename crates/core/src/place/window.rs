@@ -1,4 +1,5 @@
-//! The window (docs/behaviour.md §3): requests that arrive close together are planned together.
+//! The window placer (docs/behaviour.md §3): requests that arrive close together are planned
+//! together.
 //!
 //! - The first request into an empty window opens it, snapshots the config in force, and arms a
 //!   one-shot timer of `windowDurationMs` (fixed from that first request, not sliding): the
@@ -16,28 +17,28 @@
 //!   of an unbounded queue.
 //! - A waiter whose client goes away drops its [`Ticket`], which takes its slot out of the
 //!   window if it is still open: cancelled requests are never planned.
+//! - A request hashed under another config than the open window's is handed back to be hashed
+//!   again under the window's ([`NotPlaced::Stale`]).
 //!
 //! The lock is held only to push, remove or take slots; hashing happens before joining and
-//! planning after sealing, both outside it.
+//! planning after sealing, both outside it. Its metrics (`burst_prefix_window_*`,
+//! `burst_prefix_windows_sealed_total`, `burst_prefix_units_total`) are registered here.
 
-pub mod seal;
-
-use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use burst_prefix_planner::Plan;
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
 use tokio::sync::oneshot;
 
-use super::budget::{ByteBudget, Reserved};
-use super::config_store::{ConfigStore, Snapshot};
-use super::error::PlaceError;
-use super::live::LiveEndpoints;
-use super::metrics::{Metrics, Outcome};
-use super::placement::{Placement, RequestHeld};
-use super::planning::{Planner, WindowPlan};
-use super::request::HashedRequest;
-pub use seal::SealReason;
-use seal::{GroupKey, HintedGroups};
+use super::memory::{self, SharedModels};
+use super::seal::{GroupKey, HintedGroups};
+use super::{Decision, NotPlaced, Placer, RequestHeld, SealReason, ToPlace, WindowHeld};
+use crate::budget::{ByteBudget, Reserved};
+use crate::config_store::{ConfigStore, Snapshot};
+use crate::error::PlaceError;
+use crate::live::LiveEndpoints;
+use crate::read::HashedRequest;
 
 /// How long before a window's deadline the (millisecond-granular) tokio timer wakes; the rest
 /// is slept precisely on the planning thread.
@@ -46,18 +47,14 @@ const TIMER_SLACK: Duration = Duration::from_millis(2);
 /// Windows sealed but not yet released beyond which a full window is not sealed early.
 const MAX_SEALED: usize = 2;
 
-/// The planning of a request's window was lost (the planner panicked); logged where it happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Abandoned;
-
 pub struct Window {
     state: Mutex<State>,
     /// Held while a window is planned: windows are planned one at a time, each with the
     /// policy's memory of the earlier ones.
-    planning: Arc<Mutex<Planner>>,
+    models: SharedModels,
     store: Arc<ConfigStore>,
     live: Arc<LiveEndpoints>,
-    metrics: Arc<Metrics>,
+    metrics: WindowMetrics,
     /// What requests hold before they are placed: the open window's hashes, and what callers
     /// keep for their requests (a proxy, the body).
     budget: Arc<ByteBudget>,
@@ -90,7 +87,7 @@ struct Slot {
     reserved: Reserved,
     group: Option<GroupKey>,
     joined: Instant,
-    reply: oneshot::Sender<Placement>,
+    reply: oneshot::Sender<Decision>,
 }
 
 impl Open {
@@ -119,20 +116,28 @@ struct Sealed {
     slots: Vec<Slot>,
 }
 
+impl Placer for Arc<Window> {
+    /// Joins the open window (or opens one) and waits until it is planned.
+    async fn place(&self, request: ToPlace) -> Result<Decision, NotPlaced> {
+        let ticket = self.join(request)?;
+        ticket.decision().await
+    }
+}
+
 impl Window {
     pub fn new(
         store: Arc<ConfigStore>,
         live: Arc<LiveEndpoints>,
-        metrics: Arc<Metrics>,
+        registry: &Registry,
         budget: Arc<ByteBudget>,
-        planning: Arc<Mutex<Planner>>,
+        models: SharedModels,
     ) -> Arc<Self> {
         Arc::new(Window {
             state: Mutex::new(State::default()),
-            planning,
+            models,
             store,
             live,
-            metrics,
+            metrics: WindowMetrics::register(registry),
             budget,
         })
     }
@@ -154,57 +159,32 @@ impl Window {
         self.lock().open.as_ref().map(|open| (open.id, open.live))
     }
 
-    /// Makes a request under the config of the window it will join (`make` runs outside the
-    /// lock: it hashes) and joins. If the config changes in between, makes it again. `held` is
-    /// what the caller keeps for the request while it waits (a proxy, its body): with the
-    /// request's hashes it stays in the budget until the request is answered.
-    pub fn join(
-        self: &Arc<Self>,
-        group_size: Option<NonZeroU32>,
-        held: Reserved,
-        make: impl Fn(&Snapshot) -> Result<HashedRequest, PlaceError>,
-    ) -> Result<Ticket, PlaceError> {
-        let mut snapshot = self.joining_snapshot()?;
-        let mut held = Some(held);
-        loop {
-            let request = make(&snapshot)?;
-            match self.try_join(request, &mut held, group_size, snapshot.generation)? {
-                Ok(ticket) => return Ok(ticket),
-                Err(newer) => snapshot = newer,
-            }
-        }
-    }
-
-    /// The config a request arriving now would be planned with.
-    fn joining_snapshot(&self) -> Result<Arc<Snapshot>, PlaceError> {
-        if let Some(open) = self.lock().open.as_ref() {
-            return Ok(open.snapshot.clone());
-        }
-        self.store.current().ok_or(PlaceError::NoEndpoints)
-    }
-
-    /// Joins, or hands back the snapshot to make the request under when it was made under
-    /// another generation than the window's.
-    #[allow(clippy::type_complexity)]
-    fn try_join(
-        self: &Arc<Self>,
-        request: HashedRequest,
-        held: &mut Option<Reserved>,
-        group_size: Option<NonZeroU32>,
-        generation: u64,
-    ) -> Result<Result<Ticket, Arc<Snapshot>>, PlaceError> {
+    /// Joins the open window, or opens one, with the request's hashes and what its caller keeps
+    /// for it (`held`: with the hashes it stays in the budget until the request is answered);
+    /// hands `held` back with the window's config when the request was hashed under another.
+    fn join(self: &Arc<Self>, to_place: ToPlace) -> Result<Ticket, NotPlaced> {
+        let ToPlace {
+            request,
+            snapshot: hashed_under,
+            group_size,
+            held,
+        } = to_place;
+        let generation = hashed_under.generation;
         let now = Instant::now();
         let mut state = self.lock();
         if state.closed {
-            return Err(PlaceError::ShuttingDown);
+            return Err(PlaceError::ShuttingDown.into());
         }
         if state.open.is_none() {
             let snapshot = self.store.current().ok_or(PlaceError::NoEndpoints)?;
             if snapshot.config.endpoints.is_empty() {
-                return Err(PlaceError::NoEndpoints);
+                return Err(PlaceError::NoEndpoints.into());
             }
             if snapshot.generation != generation {
-                return Ok(Err(snapshot));
+                return Err(NotPlaced::Stale {
+                    newer: snapshot,
+                    held,
+                });
             }
             state.last_id += 1;
             self.open(&mut state, snapshot, now);
@@ -212,20 +192,24 @@ impl Window {
         let sealed_elsewhere = state.sealed;
         let open = state.open.as_mut().expect("a window is open here");
         if open.snapshot.generation != generation {
-            return Ok(Err(open.snapshot.clone()));
+            return Err(NotPlaced::Stale {
+                newer: open.snapshot.clone(),
+                held,
+            });
         }
         let retry_after = open.deadline.saturating_duration_since(now);
         if let Some(limit) = open.snapshot.settings.max_batch_size {
             if open.live >= limit {
-                return Err(PlaceError::BatchFull { limit, retry_after });
+                return Err(PlaceError::BatchFull { limit, retry_after }.into());
             }
         }
-        let mut reserved = held.take().expect("joined once");
+        let mut reserved = held;
         if !reserved.grow(request.held_bytes()) {
             return Err(PlaceError::WindowFull {
                 limit: self.budget.limit(),
                 retry_after,
-            });
+            }
+            .into());
         }
         let group = (!request.blocks.is_empty()).then(|| {
             (
@@ -247,7 +231,7 @@ impl Window {
         }));
         open.live += 1;
         open.last_arrival = now;
-        self.metrics.window_open_requests.set(open.live as i64);
+        self.metrics.open_requests.set(open.live as i64);
         let ticket = Ticket {
             window: self.clone(),
             window_id: open.id,
@@ -259,7 +243,7 @@ impl Window {
             drop(state);
             self.plan_in_background(sealed);
         }
-        Ok(Ok(ticket))
+        Ok(ticket)
     }
 
     /// Opens window `state.last_id` and arms its timers.
@@ -337,9 +321,8 @@ impl Window {
         if let Some(key) = slot.group {
             open.groups.count(key, None, -1);
         }
-        self.metrics.window_open_requests.set(open.live as i64);
+        self.metrics.open_requests.set(open.live as i64);
         drop(state);
-        self.metrics.request(Outcome::Cancelled);
         tracing::debug!(
             window = window_id,
             "client went away; removed from the window"
@@ -358,8 +341,11 @@ impl Window {
     fn take_locked(&self, state: &mut State, reason: SealReason) -> Option<Sealed> {
         let open = state.open.take()?;
         state.sealed += 1;
-        self.metrics.window_open_requests.set(0);
-        self.metrics.window_sealed(reason);
+        self.metrics.open_requests.set(0);
+        self.metrics
+            .sealed
+            .with_label_values(&[reason.label()])
+            .inc();
         Some(Sealed {
             id: open.id,
             reason,
@@ -380,7 +366,7 @@ impl Window {
     /// (also off the async workers; the next window's planning does it if it gets there first).
     async fn plan_and_release(self: Arc<Self>, sealed: Sealed) {
         let window = self.clone();
-        let planned = tokio::task::spawn_blocking(move || window.plan(sealed));
+        let planned = tokio::task::spawn_blocking(move || window.plan_sealed(sealed));
         let result = planned.await;
         self.lock().sealed -= 1;
         match result {
@@ -390,14 +376,17 @@ impl Window {
             // The waiters' senders were dropped with the task: they get `Abandoned`, never hang.
             Err(error) => tracing::error!(%error, "planning a window failed"),
         }
-        let window = self.clone();
-        if let Err(error) = tokio::task::spawn_blocking(move || window.planning().settle()).await {
+        let models = self.models.clone();
+        if let Err(error) =
+            tokio::task::spawn_blocking(move || memory::lock(&models).settle()).await
+        {
             tracing::error!(%error, "merging a window into the planner's memory failed");
         }
     }
 
-    /// Plans a sealed window (`None` when all its requests went away).
-    fn plan(&self, sealed: Sealed) -> Option<Planned> {
+    /// Plans a sealed window (`None` when all its requests went away) on the endpoints usable
+    /// now, with the requests in flight through each as its running requests.
+    fn plan_sealed(&self, sealed: Sealed) -> Option<Planned> {
         if sealed.slots.is_empty() {
             tracing::debug!(
                 window = sealed.id,
@@ -410,9 +399,26 @@ impl Window {
             .into_iter()
             .map(|slot| (slot.request, (slot.joined, slot.reply, slot.reserved)))
             .unzip();
-        let plan = self
-            .planning()
-            .plan_window(&sealed.snapshot, &requests, &self.live);
+        let started = Instant::now();
+        let snapshot = &sealed.snapshot;
+        let mut models = memory::lock(&self.models);
+        let (usable, replicas) =
+            memory::replicas_now(snapshot, &self.live, models.engines(), started);
+        if snapshot.generation != models.generation() {
+            self.live.retain(&snapshot.config.endpoints);
+        }
+        let mut plan = models.plan(snapshot, &replicas, &requests);
+        drop(models);
+        // Back from the usable list to the config's endpoint indices.
+        for assigned in plan.assignments.iter_mut().flatten() {
+            *assigned = usable[*assigned];
+        }
+        let held = WindowHeld::new(std::mem::take(&mut plan.held), usable);
+        let plan = WindowPlan {
+            held,
+            seconds: started.elapsed().as_secs_f64(),
+            plan,
+        };
         Some(Planned {
             id: sealed.id,
             reason: sealed.reason,
@@ -421,13 +427,6 @@ impl Window {
             waiters,
             plan,
         })
-    }
-
-    /// The planner, for one window's planning or merge at a time.
-    fn planning(&self) -> std::sync::MutexGuard<'_, Planner> {
-        self.planning
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Refuses new requests from now on, and seals, plans and answers the open window.
@@ -443,6 +442,16 @@ impl Window {
     }
 }
 
+/// One window's plan, in the config's endpoint indices.
+struct WindowPlan {
+    /// The planner's answer; its assignments are config indices.
+    plan: Plan,
+    /// What the memory said each endpoint held of each request (with memory only).
+    held: Option<Arc<WindowHeld>>,
+    /// How long planning took.
+    seconds: f64,
+}
+
 /// A planned window, not yet released.
 struct Planned {
     id: u64,
@@ -451,49 +460,47 @@ struct Planned {
     requests: Vec<HashedRequest>,
     /// When each joined, where its answer goes, and its bytes in the budget (given back once
     /// it is answered).
-    waiters: Vec<(Instant, oneshot::Sender<Placement>, Reserved)>,
+    waiters: Vec<(Instant, oneshot::Sender<Decision>, Reserved)>,
     plan: WindowPlan,
 }
 
-/// Releases every waiter of a planned window at once.
-fn release(planned: Planned, metrics: &Metrics) {
+/// Releases every waiter of a planned window at once (one that went away after the seal was
+/// planned, but nobody listens: its caller counted it cancelled).
+fn release(planned: Planned, metrics: &WindowMetrics) {
     let size = planned.requests.len();
     let released = Instant::now();
-    let (mut assigned, mut no_affinity, mut cancelled) = (0, 0, 0);
+    let (mut assigned, mut no_affinity) = (0, 0);
     let members = planned.requests.into_iter().zip(planned.waiters);
     for (index, ((request, (joined, reply, _reserved)), replica)) in
         members.zip(&planned.plan.plan.assignments).enumerate()
     {
-        let waited = released.saturating_duration_since(joined);
-        let placement = Placement {
+        match replica {
+            Some(_) => assigned += 1,
+            None => no_affinity += 1,
+        }
+        let _ = reply.send(Decision {
+            request,
             assigned: *replica,
-            total_blocks: request.blocks.len(),
-            group: request.blocks.last().copied().unwrap_or(0),
-            endpoints: request.endpoints,
+            snapshot: planned.snapshot.clone(),
             window_id: planned.id,
             window_size: size,
-            waited,
             sealed_by: planned.reason,
-            snapshot: planned.snapshot.clone(),
+            waited: released.saturating_duration_since(joined),
             memory: RequestHeld::new(&planned.plan.held, index),
             arrival: None,
-        };
-        metrics.request_wait_seconds.observe(waited.as_secs_f64());
-        if reply.send(placement).is_err() {
-            cancelled += 1; // Went away after the seal: it was planned, but nobody listens.
-        } else if replica.is_some() {
-            assigned += 1;
-        } else {
-            no_affinity += 1;
-        }
+        });
     }
-    metrics.requests(Outcome::Assigned, assigned);
-    metrics.requests(Outcome::NoAffinity, no_affinity);
-    metrics.requests(Outcome::Cancelled, cancelled);
-    metrics.window_size.observe(size as f64);
-    metrics.window_plan_seconds.observe(planned.plan.seconds);
+    metrics.size.observe(size as f64);
+    metrics.plan_seconds.observe(planned.plan.seconds);
     let plan = &planned.plan.plan;
-    metrics.units(plan.group_units as u64, plan.single_units as u64);
+    metrics
+        .units
+        .with_label_values(&["group"])
+        .inc_by(plan.group_units as u64);
+    metrics
+        .units
+        .with_label_values(&["single"])
+        .inc_by(plan.single_units as u64);
     tracing::debug!(
         window = planned.id,
         sealed_by = planned.reason.label(),
@@ -514,7 +521,7 @@ pub struct Ticket {
     window: Arc<Window>,
     window_id: u64,
     index: usize,
-    receiver: Option<oneshot::Receiver<Placement>>,
+    receiver: Option<oneshot::Receiver<Decision>>,
 }
 
 impl Ticket {
@@ -522,12 +529,90 @@ impl Ticket {
         self.window_id
     }
 
-    /// Waits for the window to be planned.
-    pub async fn placement(mut self) -> Result<Placement, Abandoned> {
+    /// Waits for the window to be planned; refused (`internal`) when its planning was lost
+    /// (logged where it happened).
+    pub async fn decision(mut self) -> Result<Decision, NotPlaced> {
         let receiver = self.receiver.as_mut().expect("awaited once");
-        let result = receiver.await.map_err(|_| Abandoned);
+        let result = receiver.await.map_err(|_| PlaceError::Abandoned.into());
         self.receiver = None; // Answered (or lost): nothing left to cancel.
         result
+    }
+}
+
+/// The window's metrics.
+struct WindowMetrics {
+    size: Histogram,
+    plan_seconds: Histogram,
+    units: IntCounterVec,
+    /// Requests in the open window right now (0 when none is open).
+    open_requests: IntGauge,
+    sealed: IntCounterVec,
+}
+
+impl WindowMetrics {
+    fn register(registry: &Registry) -> Self {
+        let size = Histogram::with_opts(
+            HistogramOpts::new(
+                "burst_prefix_window_size",
+                "Requests planned per window (cancelled ones excluded)",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0,
+            ]),
+        )
+        .unwrap();
+        let plan_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "burst_prefix_window_plan_seconds",
+                "Time to plan one sealed window",
+            )
+            .buckets(prometheus::exponential_buckets(0.000_01, 4.0, 10).unwrap()),
+        )
+        .unwrap();
+        let units = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_units_total",
+                "Placement units formed: group (identical prompts) or single (prefix-sharing request)",
+            ),
+            &["kind"],
+        )
+        .unwrap();
+        let open_requests = IntGauge::new(
+            "burst_prefix_window_open_requests",
+            "Requests waiting in the open window",
+        )
+        .unwrap();
+        let sealed = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_windows_sealed_total",
+                "Windows sealed, by reason: timer, hints (every hinted group complete), idle, full, shutdown",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        for collector in [
+            Box::new(size.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(plan_seconds.clone()),
+            Box::new(units.clone()),
+            Box::new(open_requests.clone()),
+            Box::new(sealed.clone()),
+        ] {
+            registry.register(collector).unwrap();
+        }
+        // Every label value exists from the start, so dashboards and tests see zeros.
+        for kind in ["group", "single"] {
+            units.with_label_values(&[kind]);
+        }
+        for reason in SealReason::WINDOWS {
+            sealed.with_label_values(&[reason.label()]);
+        }
+        WindowMetrics {
+            size,
+            plan_seconds,
+            units,
+            open_requests,
+            sealed,
+        }
     }
 }
 
@@ -543,51 +628,83 @@ impl Drop for Ticket {
 mod tests {
     use super::*;
     use crate::config_store::ConfigOrigin;
-    use crate::request::InferenceRequest;
+    use crate::engines::Engines;
+    use crate::metrics::Metrics;
+    use crate::read::InferenceRequest;
+    use std::num::NonZeroU32;
 
-    fn planner() -> Arc<Mutex<Planner>> {
-        let registry = prometheus::Registry::new();
-        let engines = Arc::new(crate::engines::Engines::new(&registry));
-        Arc::new(Mutex::new(Planner::new(&registry, engines)))
-    }
-
-    fn window(yaml: &str) -> (Arc<Window>, Arc<Metrics>) {
-        let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
-        store.apply_text(yaml).unwrap();
+    fn window_with(store: Arc<ConfigStore>, budget: usize) -> (Arc<Window>, Registry) {
+        let registry = Registry::new();
+        let engines = Arc::new(Engines::new(&registry));
+        let models = Arc::new(Mutex::new(memory::CacheModels::new(&registry, engines)));
         let window = Window::new(
             store,
             Arc::default(),
-            metrics.clone(),
-            ByteBudget::new(usize::MAX),
-            planner(),
+            &registry,
+            ByteBudget::new(budget),
+            models,
         );
-        (window, metrics)
+        (window, registry)
     }
 
-    fn hasher(prompt: &str) -> impl Fn(&Snapshot) -> Result<HashedRequest, PlaceError> + '_ {
-        move |snapshot| {
-            let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
-            let request = InferenceRequest::parse(body.as_bytes()).unwrap();
-            Ok(HashedRequest::new(&request, snapshot.settings.block_spec))
+    fn store(yaml: &str) -> Arc<ConfigStore> {
+        let store = Arc::new(ConfigStore::new(
+            ConfigOrigin::Demo,
+            Arc::new(Metrics::new()),
+        ));
+        store.apply_text(yaml).unwrap();
+        store
+    }
+
+    fn window(yaml: &str) -> (Arc<Window>, Registry) {
+        window_with(store(yaml), usize::MAX)
+    }
+
+    fn render(registry: &Registry) -> String {
+        let mut buffer = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut buffer,
+        )
+        .unwrap();
+        String::from_utf8(buffer).unwrap()
+    }
+
+    /// Joins with `prompt` hashed under the config in force, then again under the window's when
+    /// that differs (as the path does), holding `held` bytes of the budget (as many as fit).
+    fn try_join(
+        window: &Arc<Window>,
+        prompt: &str,
+        group_size: Option<u32>,
+        held: usize,
+    ) -> Result<Ticket, PlaceError> {
+        let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+        let request = InferenceRequest::parse(body.as_bytes()).unwrap();
+        let mut reserved = window.budget.empty();
+        reserved.grow(held);
+        let mut snapshot = window.store.current().ok_or(PlaceError::NoEndpoints)?;
+        loop {
+            let to_place = ToPlace {
+                request: HashedRequest::new(&request, snapshot.settings.block_spec),
+                snapshot: snapshot.clone(),
+                group_size: group_size.and_then(NonZeroU32::new),
+                held: reserved,
+            };
+            match window.join(to_place) {
+                Ok(ticket) => return Ok(ticket),
+                Err(NotPlaced::Refused(error)) => return Err(error),
+                Err(NotPlaced::Stale { newer, held }) => (snapshot, reserved) = (newer, held),
+            }
         }
     }
 
-    /// What a caller holds for its request: `bytes` of the window's budget, as many as fit.
-    fn held(window: &Window, bytes: usize) -> Reserved {
-        let mut held = window.budget.empty();
-        held.grow(bytes);
-        held
-    }
-
     fn join(window: &Arc<Window>, prompt: &str) -> Ticket {
-        window.join(None, held(window, 0), hasher(prompt)).unwrap()
+        try_join(window, prompt, None, 0).unwrap()
     }
 
     fn hinted(window: &Arc<Window>, prompt: &str, size: u32) -> Ticket {
-        window
-            .join(NonZeroU32::new(size), held(window, 0), hasher(prompt))
-            .unwrap()
+        try_join(window, prompt, Some(size), 0).unwrap()
     }
 
     const TWO: &str = "windowDurationMs: 20\nendpoints:\n  - {id: a, address: '1.1.1.1:1'}\n  - {id: b, address: '1.1.1.2:1'}\n";
@@ -600,9 +717,9 @@ mod tests {
         assert_eq!(window.open_requests(), Some((1, 4)));
         let mut placements = Vec::new();
         for ticket in tickets {
-            placements.push(ticket.placement().await.unwrap());
+            placements.push(ticket.decision().await.unwrap());
         }
-        let lone = lone.placement().await.unwrap();
+        let lone = lone.decision().await.unwrap();
         assert!(placements
             .iter()
             .all(|p| p.assigned == placements[0].assigned));
@@ -617,36 +734,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_ticket_leaves_the_window() {
-        let (window, metrics) = window(TWO);
+        let (window, _) = window(TWO);
         let kept = join(&window, "x");
         drop(join(&window, "x"));
         assert_eq!(window.open_requests(), Some((1, 1)));
-        assert_eq!(kept.placement().await.unwrap().window_size, 1);
-        assert!(metrics
-            .render()
-            .contains("burst_prefix_requests_total{outcome=\"cancelled\"} 1"));
+        assert_eq!(kept.decision().await.unwrap().window_size, 1);
     }
 
     #[tokio::test]
     async fn a_full_window_seals_at_once_and_no_endpoints_is_refused() {
-        let (window, metrics) = window(&format!("maxBatchSize: 2\n{}", TWO.replace("20", "10000")));
+        let (window, registry) =
+            window(&format!("maxBatchSize: 2\n{}", TWO.replace("20", "10000")));
         let first = join(&window, "x");
         let second = join(&window, "y");
         // Sealed by the second: the third opens the next window.
         let third = join(&window, "z");
         assert_eq!(third.window_id(), 2);
-        let placement = first.placement().await.unwrap();
+        let placement = first.decision().await.unwrap();
         assert_eq!(
             (placement.window_size, placement.sealed_by),
             (2, SealReason::Full)
         );
-        second.placement().await.unwrap();
-        assert!(metrics
-            .render()
-            .contains("burst_prefix_windows_sealed_total{reason=\"full\"} 1"));
+        second.decision().await.unwrap();
+        assert!(render(&registry).contains("burst_prefix_windows_sealed_total{reason=\"full\"} 1"));
         let (empty, _) = self::window("endpoints: []\n");
         assert_eq!(
-            empty.join(None, held(&empty, 0), hasher("x")).err(),
+            try_join(&empty, "x", None, 0).err(),
             Some(PlaceError::NoEndpoints)
         );
     }
@@ -655,49 +768,37 @@ mod tests {
     async fn full_windows_stay_open_and_refuse_while_planning_lags() {
         let (window, _) = window(&format!("maxBatchSize: 1\n{}", TWO.replace("20", "10000")));
         // Planning is stuck: two windows sealed by `full` wait for it.
-        let stuck = window.planning.lock().unwrap();
+        let stuck = window.models.lock().unwrap();
         let first = join(&window, "x");
         let second = join(&window, "y");
         assert_eq!(second.window_id(), 2);
         let third = join(&window, "z");
         assert_eq!(window.open_requests(), Some((3, 1)), "full, but not sealed");
-        match window.join(None, held(&window, 0), hasher("w")) {
+        match try_join(&window, "w", None, 0) {
             Err(PlaceError::BatchFull { limit: 1, .. }) => {}
             other => panic!("expected batch_full, got {:?}", other.err()),
         }
         drop(stuck);
         for ticket in [first, second] {
-            assert_eq!(
-                ticket.placement().await.unwrap().sealed_by,
-                SealReason::Full
-            );
+            assert_eq!(ticket.decision().await.unwrap().sealed_by, SealReason::Full);
         }
         window.close().await;
-        assert_eq!(third.placement().await.unwrap().window_id, 3);
+        assert_eq!(third.decision().await.unwrap().window_id, 3);
     }
 
     #[tokio::test]
     async fn the_byte_budget_refuses_beyond_it_but_always_takes_one() {
-        let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
-        store.apply_text(&TWO.replace("20", "10000")).unwrap();
-        let window = Window::new(
-            store,
-            Arc::default(),
-            metrics,
-            ByteBudget::new(1000),
-            planner(),
-        );
-        let big = window.join(None, held(&window, 5000), hasher("x")).unwrap();
-        let refused = window.join(None, held(&window, 10), hasher("y"));
+        let (window, _) = window_with(store(&TWO.replace("20", "10000")), 1000);
+        let big = try_join(&window, "x", None, 5000).unwrap();
+        let refused = try_join(&window, "y", None, 10);
         assert!(
             matches!(refused, Err(PlaceError::WindowFull { limit: 1000, .. })),
             "{:?}",
             refused.err()
         );
         drop(big);
-        let small = window.join(None, held(&window, 100), hasher("y")).unwrap();
-        assert!(window.join(None, held(&window, 100), hasher("z")).is_ok());
+        let small = try_join(&window, "y", None, 100).unwrap();
+        assert!(try_join(&window, "z", None, 100).is_ok());
         drop(small);
     }
 
@@ -710,15 +811,15 @@ mod tests {
         // Group a misses one member; a member that comes without a hint still counts.
         assert_eq!(window.open_requests(), Some((1, 5)));
         let last = join(&window, "a");
-        let placement = last.placement().await.unwrap();
+        let placement = last.decision().await.unwrap();
         assert_eq!(
             (placement.window_size, placement.sealed_by),
             (6, SealReason::Hints)
         );
         for ticket in a.into_iter().chain(b) {
-            assert_eq!(ticket.placement().await.unwrap().window_id, 1);
+            assert_eq!(ticket.decision().await.unwrap().window_id, 1);
         }
-        assert_eq!(lone.placement().await.unwrap().window_id, 1);
+        assert_eq!(lone.decision().await.unwrap().window_id, 1);
     }
 
     #[tokio::test]
@@ -730,13 +831,13 @@ mod tests {
         // Two of three are here: still open.
         assert_eq!(window.open_requests(), Some((1, 2)));
         let fourth = hinted(&window, "a", 3);
-        let placement = fourth.placement().await.unwrap();
+        let placement = fourth.decision().await.unwrap();
         assert_eq!(
             (placement.window_size, placement.sealed_by),
             (3, SealReason::Hints)
         );
-        first.placement().await.unwrap();
-        third.placement().await.unwrap();
+        first.decision().await.unwrap();
+        third.decision().await.unwrap();
     }
 
     #[tokio::test]
@@ -744,12 +845,12 @@ mod tests {
         let (window, _) = window(&format!("idleSealMs: 20\n{}", TWO.replace("20", "10000")));
         let first = join(&window, "x");
         let second = join(&window, "x");
-        let placement = first.placement().await.unwrap();
+        let placement = first.decision().await.unwrap();
         assert_eq!(
             (placement.window_size, placement.sealed_by),
             (2, SealReason::Idle)
         );
-        second.placement().await.unwrap();
+        second.decision().await.unwrap();
     }
 
     #[tokio::test]
@@ -757,7 +858,7 @@ mod tests {
         let (window, _) = window(&format!("sealOnHints: false\n{}", TWO.replace("20", "200")));
         let ticket = hinted(&window, "a", 1);
         assert_eq!(
-            ticket.placement().await.unwrap().sealed_by,
+            ticket.decision().await.unwrap().sealed_by,
             SealReason::Timer
         );
     }
@@ -767,40 +868,32 @@ mod tests {
         let (window, _) = window(&TWO.replace("20", "10000"));
         let ticket = join(&window, "x");
         window.close().await;
-        let placement = ticket.placement().await.unwrap();
+        let placement = ticket.decision().await.unwrap();
         assert_eq!(
             (placement.window_size, placement.sealed_by),
             (1, SealReason::Shutdown)
         );
         assert_eq!(
-            window.join(None, held(&window, 0), hasher("x")).err(),
+            try_join(&window, "x", None, 0).err(),
             Some(PlaceError::ShuttingDown)
         );
     }
 
     #[tokio::test]
     async fn a_config_change_rehashes_into_the_new_window() {
-        let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(ConfigStore::new(ConfigOrigin::Demo, metrics.clone()));
-        store.apply_text(TWO).unwrap();
-        let window = Window::new(
-            store.clone(),
-            Arc::default(),
-            metrics,
-            ByteBudget::new(usize::MAX),
-            planner(),
-        );
+        let store = store(TWO);
+        let (window, _) = window_with(store.clone(), usize::MAX);
         let first = join(&window, "0123456789abcdef");
         store
             .apply_text(&format!("blockSizeTokens: 1\n{TWO}"))
             .unwrap();
         // Joins the open window: hashed under its config (64-token blocks: one block).
         let second = join(&window, "0123456789abcdef");
-        assert_eq!(second.placement().await.unwrap().total_blocks, 1);
-        first.placement().await.unwrap();
+        assert_eq!(second.decision().await.unwrap().request.blocks.len(), 1);
+        first.decision().await.unwrap();
         // The next window uses the new config: 16 bytes are 4 estimate tokens, 4 blocks.
-        let third = join(&window, "0123456789abcdef").placement().await.unwrap();
-        assert_eq!(third.total_blocks, 4);
+        let third = join(&window, "0123456789abcdef").decision().await.unwrap();
+        assert_eq!(third.request.blocks.len(), 4);
         assert_eq!(third.snapshot.generation, 2);
     }
 }

@@ -1,16 +1,26 @@
-//! Where a request goes once placed, the same for every front-end: its assigned endpoint while
-//! that is usable, else the first of its group's fallbacks (so that every member of a group fails
-//! over to the same replica); without affinity, the usable candidate with the fewest requests in
-//! flight. Then the fallbacks, in the order to try them.
+//! Stage 4 of the path, **route** (docs/architecture.md): where a request goes once placed, the
+//! same for every front-end, and the [`Handle`] its front-end holds until its answer ends.
+//!
+//! The [`Route`]: its assigned endpoint while that is usable, else the first of its group's
+//! fallbacks (so that every member of a group fails over to the same replica); without affinity,
+//! the usable candidate with the fewest requests in flight. Then the fallbacks, in the order to
+//! try them (docs/behaviour.md §8).
+//!
+//! The [`Handle`] is the request's one completion hook: while it lives the request counts in
+//! flight on the endpoint it is sent to (planning takes the count as running requests, routing
+//! by load reads it), a front-end reports through it what each attempt showed of an endpoint's
+//! health (the cool-down), and when it is dropped the request is finished once: its count ends
+//! and, placed on arrival, its placement leaves the work in flight.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use burst_prefix_api::Endpoint;
 
-use super::config_store::Snapshot;
-use super::live::LiveEndpoints;
-use super::placement::Placement;
+use crate::config_store::Snapshot;
+use crate::live::{Attempted, CoolDown, CooldownReason, Counted, LiveEndpoints};
+use crate::place::on_arrival::ArrivalTicket;
+use crate::place::Placement;
 
 /// The endpoints to send a request to, in order: the pick, then fallbacks.
 #[derive(Clone, Debug)]
@@ -40,9 +50,91 @@ impl Route {
     }
 }
 
+/// A routed request's hold on what the producer knows live of each endpoint, until its answer
+/// ends (dropped).
+pub struct Handle {
+    route: Route,
+    live: Arc<LiveEndpoints>,
+    /// Counted in flight on this endpoint.
+    sending_to: Option<(String, Counted)>,
+    arrival: Option<ArrivalTicket>,
+}
+
+impl Handle {
+    /// A handle on `route`, counted in flight on its first endpoint from now.
+    pub(crate) fn new(
+        route: Route,
+        live: Arc<LiveEndpoints>,
+        arrival: Option<ArrivalTicket>,
+    ) -> Self {
+        let mut handle = Handle {
+            route,
+            live,
+            sending_to: None,
+            arrival,
+        };
+        let first = handle.route.first().id.clone();
+        handle.send_to(&first);
+        handle
+    }
+
+    pub fn route(&self) -> &Route {
+        &self.route
+    }
+
+    /// The request is sent to endpoint `id` now (a retry, or where the data plane says it was
+    /// served): counted in flight there instead.
+    pub fn send_to(&mut self, id: &str) {
+        if self.sending_to.as_ref().is_some_and(|(on, _)| on == id) {
+            return;
+        }
+        self.sending_to = Some((id.to_string(), self.live.start(id)));
+    }
+
+    /// The endpoint of the route's config at `address` (`ip:port`): the data plane says it
+    /// served the request, which counts in flight there from now.
+    pub fn served_at(&mut self, address: &str) -> Option<Endpoint> {
+        let endpoint = self
+            .route
+            .snapshot
+            .config
+            .endpoints
+            .iter()
+            .find(|e| e.address == address)?
+            .clone();
+        self.send_to(&endpoint.id);
+        Some(endpoint)
+    }
+
+    /// Records what an attempt to send the request to endpoint `id` showed; when it says the
+    /// endpoint is unwell (docs/behaviour.md §8), leaves it out of planning and routing for
+    /// `cool_down.duration`, and says why.
+    pub fn attempted(
+        &self,
+        id: &str,
+        attempted: Attempted,
+        cool_down: CoolDown,
+    ) -> Option<CooldownReason> {
+        let reason = self
+            .live
+            .attempted(id, attempted, cool_down.after_failures)?;
+        self.live.cool_down(id, Instant::now() + cool_down.duration);
+        Some(reason)
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.sending_to = None;
+        if let Some(arrival) = self.arrival.take() {
+            arrival.finish();
+        }
+    }
+}
+
 /// The route of a placed request with at most `fallbacks` fallbacks; `None` when none of its
 /// candidates is in the config.
-pub fn of_placement(
+pub(crate) fn of_placement(
     live: &LiveEndpoints,
     placement: &Placement,
     fallbacks: usize,
@@ -83,7 +175,7 @@ pub fn of_placement(
 /// The route of a request routed without looking at a prompt (`GET /v1/models`, a body-less
 /// request at the endpoint picker): the usable endpoints whose address `subset` allows (`None`:
 /// all), fewest requests in flight first, at most `count`; `None` when none is allowed.
-pub fn by_load_only(
+pub(crate) fn by_load_only(
     live: &LiveEndpoints,
     snapshot: &Arc<Snapshot>,
     subset: Option<&[String]>,
@@ -102,23 +194,6 @@ pub fn by_load_only(
         snapshot: snapshot.clone(),
         order,
     })
-}
-
-/// The endpoint ids of `snapshot` whose address is in `subset` (a gateway's subset hint), and in
-/// `named` when the request names its own (`None`: all).
-pub fn ids_in_subset(
-    snapshot: &Snapshot,
-    subset: &[String],
-    named: Option<&[String]>,
-) -> Vec<String> {
-    snapshot
-        .config
-        .endpoints
-        .iter()
-        .filter(|endpoint| subset.contains(&endpoint.address))
-        .filter(|endpoint| named.is_none_or(|ids| ids.contains(&endpoint.id)))
-        .map(|endpoint| endpoint.id.clone())
-        .collect()
 }
 
 /// `candidates`, fewest requests in flight first (ties: the lower id).
@@ -154,7 +229,7 @@ fn rendezvous(group: u64, id: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::seal::SealReason;
+    use crate::place::SealReason;
     use burst_prefix_api::ProducerConfig;
     use std::time::Duration;
 

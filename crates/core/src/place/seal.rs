@@ -1,48 +1,10 @@
-//! Why a window is sealed, and the count that seals it early on hints: a window whose hinted
-//! groups are all complete need not wait for its timer.
+//! The count that seals a window early on hints: a window whose hinted groups are all complete
+//! need not wait for its timer.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 
 use burst_prefix_planner::BlockHash;
-
-/// Why a window was sealed (`burst_prefix_windows_sealed_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SealReason {
-    /// `windowDurationMs` passed.
-    Timer,
-    /// Every group whose size a client hinted was complete.
-    Hints,
-    /// No request arrived for `idleSealMs`.
-    Idle,
-    /// It held `maxBatchSize` requests.
-    Full,
-    /// The producer was shutting down.
-    Shutdown,
-    /// No window: placed on arrival (zero-wait mode).
-    Arrival,
-}
-
-impl SealReason {
-    pub const ALL: [SealReason; 5] = [
-        SealReason::Timer,
-        SealReason::Hints,
-        SealReason::Idle,
-        SealReason::Full,
-        SealReason::Shutdown,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            SealReason::Timer => "timer",
-            SealReason::Hints => "hints",
-            SealReason::Idle => "idle",
-            SealReason::Full => "full",
-            SealReason::Shutdown => "shutdown",
-            SealReason::Arrival => "arrival",
-        }
-    }
-}
 
 /// A group of identical prompts: chained hashes make the last block and the length enough.
 pub type GroupKey = (usize, BlockHash);

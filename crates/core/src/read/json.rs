@@ -1,4 +1,4 @@
-//! The body of a completions or chat completions request, read straight into an
+//! The JSON of a completions or chat completions request body, read straight into an
 //! [`InferenceRequest`]: strings borrowed where JSON escapes allow, fields the producer does not
 //! read skipped without being kept, chat messages flattened for the estimate
 //! (docs/behaviour.md, "Prefix blocks").
@@ -9,8 +9,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::{InferenceRequest, PromptInput};
-use crate::hints::{Hints, HINTS_FIELD};
+use super::{InferenceRequest, PromptInput, HINTS_FIELD};
+use crate::admit::Hints;
 
 impl<'de> Deserialize<'de> for InferenceRequest<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -45,7 +45,11 @@ impl<'de> Visitor<'de> for BodyVisitor {
                 "endpoints" => {
                     endpoints = map.next_value::<Option<EndpointIds<'de>>>()?.map(|e| e.0)
                 }
-                HINTS_FIELD => hints = map.next_value::<Option<Hints>>()?.unwrap_or_default(),
+                HINTS_FIELD => {
+                    hints = map
+                        .next_value::<Option<BodyHints>>()?
+                        .map_or_else(Hints::default, BodyHints::into_hints)
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -86,6 +90,23 @@ impl<'de> Visitor<'de> for BodyVisitor {
             hints,
             chat: is_chat,
         })
+    }
+}
+
+/// `"burst_prefix"`: the hints a body may carry (the same as the headers').
+#[derive(Deserialize)]
+#[serde(rename = "Hints", deny_unknown_fields)]
+struct BodyHints {
+    group_size: Option<std::num::NonZeroU32>,
+    weight_version: Option<String>,
+}
+
+impl BodyHints {
+    fn into_hints(self) -> Hints {
+        Hints {
+            group_size: self.group_size,
+            weight_version: self.weight_version,
+        }
     }
 }
 
