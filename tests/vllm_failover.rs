@@ -29,7 +29,7 @@ use burst_prefix_engine_bench::prompts::text;
 use burst_prefix_test_support::ControlPlane;
 use common::{binary, http_get, Process};
 use serde_json::{json, Value};
-use vllm::{engine_lock, free_port, model_dir, Vllm, VllmOptions};
+use vllm::{engine_test, free_port, model_dir, Vllm, VllmOptions};
 
 /// The engine's KV block size on vLLM's CPU build, in tokens.
 const ENGINE_BLOCK: u64 = 128;
@@ -344,7 +344,11 @@ async fn stored_by_each(producers: &[&Producer]) -> Vec<f64> {
 
 #[test]
 fn the_first_burst_after_a_failover_computes_no_more_than_without_one() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test(
+        "vllm_failover::the_first_burst_after_a_failover_computes_no_more_than_without_one",
+    ) else {
+        return;
+    };
     let started = Instant::now();
     let (events_port, replay_port, http_port) = (free_port(), free_port(), free_port());
     let hosts = ["127.0.0.2", "127.0.0.3"];

@@ -19,7 +19,7 @@ use burst_prefix_engine_bench::producer::{
     endpoint_id, replica_of_endpoint, Proxy, ENDPOINT_HEADER,
 };
 use burst_prefix_engine_bench::prompts::{text, Message};
-use common::{engine_lock, free_port, model_dir, Vllm, VllmOptions};
+use common::{engine_test, free_port, model_dir, Vllm, VllmOptions};
 use serde_json::{json, Value};
 
 /// The engine's KV block size on vLLM's CPU build, in tokens.
@@ -261,7 +261,9 @@ fn completion(seed: u32, tail: Option<u32>) -> Value {
 
 #[test]
 fn prompts_a_replica_computed_draw_the_proxys_requests_until_it_resets_its_cache() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("vllm_kv_events::prompts_a_replica_computed_draw_the_proxys_requests_until_it_resets_its_cache") else {
+        return;
+    };
     let started = Instant::now();
     let events_port = free_port();
     // Both replicas at once: each waits for its own /health.

@@ -14,6 +14,7 @@ use burst_prefix_engine_bench::engine::{
 use burst_prefix_engine_bench::producer::{replica_of_endpoint, Proxy, ENDPOINT_HEADER};
 use burst_prefix_engine_bench::prompts::{text, Message};
 use burst_prefix_engine_bench::run::client;
+use burst_prefix_test_support::real_engine::runs_on_vllm;
 use serde_json::{json, Value};
 
 /// The proxy as the engine bench runs it with memory (bench/engine/routes.yaml), memory sized
@@ -78,7 +79,12 @@ async fn all_counters(replicas: &[Replica], client: &reqwest::Client) -> Vec<Cou
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if !runs_on_vllm(
+        "vllm_proxy::a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history",
+    ) {
+        return;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let (python, model) = installed_vllm(&repo).unwrap();
     let engine = Engine::Vllm(Vllm {
         python,
