@@ -22,14 +22,24 @@
 //! completions (the proxy) calls [`InFlight::finish`]; one that does not (the endpoint picker,
 //! `/v1/produce`) sets a half-life, and each placement's load then decays and expires.
 //!
+//! In time mode ([`BalanceBy::Time`]) the rules give way to one cost (`crate::cost`): each
+//! request goes where it is answered first, from each replica's pace (set with
+//! [`InFlight::set_replicas`] and [`InFlight::set_pace`]: its speed, and what its engine says it
+//! runs) and this producer's own placements in flight: their count, and the prompt tokens they
+//! have yet to prefill (each counted until its predicted first token). Group members follow
+//! their group by that cost alone; `group_size` books no seats.
+//!
 //! Cost per request: the holders of the blocks walked (each visited once, as in the spec's walk)
-//! and an ordered index of the replicas by load, never a scan of every replica.
+//! and an ordered index of the replicas by load, never a scan of every replica; in time mode,
+//! a pass over the replicas' costs.
 
+use std::cmp::Reverse;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
+use crate::cost::{Busy, Pace};
 use crate::memory::Memory;
 use crate::plan::{
     earliest_finish, BalanceBy, BuildBlockHasher, Candidate, PlacementReason, PlanParams, Replica,
@@ -111,6 +121,9 @@ pub struct InFlight {
     matched: Vec<u32>,
     /// Scratch for `earliest_finish`.
     price_from: Vec<f64>,
+    /// In time mode: when each flight's prefill is predicted done (its prompt tokens then
+    /// leave its replica's queued prefill), earliest first.
+    prefilled_at: BinaryHeap<Reverse<(u64, u64)>>,
 }
 
 /// The replicas holding a block in flight, and how many flights hold it in all.
@@ -126,6 +139,10 @@ struct ReplicaState {
     rank: u32,
     /// As of `InFlight::frame_ms`.
     load: f64,
+    /// In time mode: its speed and what its engine runs (`Pace::busy`).
+    pace: Pace,
+    /// In time mode: prompt tokens of its flights not yet prefilled, as of `frame_ms`.
+    prefill_tokens: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -137,6 +154,8 @@ struct Flight {
     blocks: Arc<[BlockHash]>,
     /// Booked for a hinted group member that has not arrived yet.
     seat: bool,
+    /// In time mode: its prompt tokens not yet prefilled (0 once predicted done).
+    prefill_tokens: f64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -175,6 +194,7 @@ impl InFlight {
             matches: Vec::new(),
             matched: Vec::new(),
             price_from: Vec::new(),
+            prefilled_at: BinaryHeap::new(),
         }
     }
 
@@ -201,6 +221,8 @@ impl InFlight {
                 id: replica.id.to_string(),
                 rank: 0,
                 load: 0.0,
+                pace: replica.pace,
+                prefill_tokens: 0.0,
             })
             .collect();
         for (rank, &replica) in by_rank.iter().enumerate() {
@@ -239,6 +261,14 @@ impl InFlight {
             .collect();
     }
 
+    /// Replica `replica`'s speed and what its engine says it runs now, for time mode (a cheap
+    /// update between [`InFlight::set_replicas`] calls).
+    pub fn set_pace(&mut self, replica: usize, pace: Pace) {
+        if let Some(state) = self.replicas.get_mut(replica) {
+            state.pace = pace;
+        }
+    }
+
     /// Places one request arriving at `now_ms` (any monotonic clock, the same for every call).
     /// With `memory`, its models count as held blocks and the placement is touched in its
     /// replica's model; the touches show in the models from the next [`Memory::settle`], which
@@ -269,7 +299,10 @@ impl InFlight {
                 .is_none_or(|allowed| allowed.contains(&(replica as usize)))
         };
         let k = params.max_per_replica.unwrap_or(usize::MAX) as u32;
-        let chosen = if arrival.blocks.is_empty() {
+        let chosen = if params.balance_by == BalanceBy::Time {
+            self.cheapest(arrival, params, k, now_ms)
+                .map(|(replica, reason)| (replica, reason, None))
+        } else if arrival.blocks.is_empty() {
             self.least_loaded(arrival.allowed_replicas, |_| false)
                 .map(|r| (r, PlacementReason::LeastLoaded, None))
         } else if let Some(taken) = self.follow_group(arrival, k, &may_use) {
@@ -291,12 +324,24 @@ impl InFlight {
                     None => {
                         let weight = self.weight(arrival.blocks, replica, params);
                         let blocks = self.group_blocks(arrival.blocks);
+                        let prefill_tokens = match params.balance_by {
+                            BalanceBy::Time => self.uncached_tokens(arrival.blocks, replica, params),
+                            _ => 0.0,
+                        };
+                        if prefill_tokens > 0.0 {
+                            let pace = self.pace_now(replica, now_ms);
+                            let held = self.held_tokens(replica, params);
+                            let seconds = pace.first_token_seconds(prefill_tokens, held);
+                            let done_ms = now_ms + (seconds * 1e3).ceil() as u64;
+                            self.prefilled_at.push(Reverse((done_ms, id)));
+                        }
                         let flight = Flight {
                             replica,
                             weight,
                             placed_ms: now_ms,
                             blocks,
                             seat: false,
+                            prefill_tokens,
                         };
                         self.add_flight(id, flight);
                         self.track(id, now_ms);
@@ -408,7 +453,7 @@ impl InFlight {
         let need = if with_memory { n.max(1) } else { n };
         let members = arrival.group_size.unwrap_or(1).max(1);
         let own = match params.balance_by {
-            BalanceBy::Requests => members as f64,
+            BalanceBy::Requests | BalanceBy::Time => members as f64,
             BalanceBy::Tokens => arrival.blocks.len() as f64,
         };
         let decay = self.decay(now_ms);
@@ -477,6 +522,7 @@ impl InFlight {
                     placed_ms: now_ms,
                     blocks: blocks.clone(),
                     seat: true,
+                    prefill_tokens: 0.0,
                 };
                 self.add_flight(seat, flight);
                 self.track(seat, now_ms);
@@ -539,10 +585,11 @@ impl InFlight {
         best.map(|r| r as u32)
     }
 
-    /// The load one request adds on `replica`: itself, or the blocks it prefills there.
+    /// The load one request adds on `replica`: itself (in time mode too, where load counts
+    /// requests in flight), or the blocks it prefills there.
     fn weight(&self, blocks: &[BlockHash], replica: u32, params: &PlanParams) -> f64 {
         match params.balance_by {
-            BalanceBy::Requests => 1.0,
+            BalanceBy::Requests | BalanceBy::Time => 1.0,
             BalanceBy::Tokens => {
                 // Walked blocks held there (a flight placed since the walk, a seat of the
                 // same group, holds all of them).
@@ -642,8 +689,10 @@ impl InFlight {
 
     fn add_flight(&mut self, id: u64, flight: Flight) {
         let replica = flight.replica;
-        let scaled = flight.weight / self.decay(flight.placed_ms);
+        let scale = self.decay(flight.placed_ms);
+        let scaled = flight.weight / scale;
         self.set_load(replica, self.replicas[replica as usize].load + scaled);
+        self.replicas[replica as usize].prefill_tokens += flight.prefill_tokens / scale;
         for &block in flight.blocks.iter() {
             let holders = self.holders.entry(block).or_default();
             holders.flights += 1;
@@ -674,10 +723,11 @@ impl InFlight {
             return;
         };
         let replica = flight.replica;
-        let scaled = flight.weight / self.decay(flight.placed_ms);
-        let load = self.replicas[replica as usize].load - scaled;
+        let scale = self.decay(flight.placed_ms);
+        let load = self.replicas[replica as usize].load - flight.weight / scale;
         // Rounding leaves a crumb when the last flight goes.
         self.set_load(replica, if load > 1e-9 { load } else { 0.0 });
+        self.drop_prefill(replica, flight.prefill_tokens / scale);
         for &block in flight.blocks.iter() {
             let Some((count, at)) = self.holding.get_mut(&(block, replica)) else {
                 continue;
@@ -742,6 +792,18 @@ impl InFlight {
     fn advance(&mut self, now_ms: u64) -> u64 {
         let now_ms = now_ms.max(self.last_ms);
         self.last_ms = now_ms;
+        while let Some(&Reverse((done_ms, id))) = self.prefilled_at.peek() {
+            if done_ms > now_ms {
+                break;
+            }
+            self.prefilled_at.pop();
+            if let Some(flight) = self.flights.get_mut(&id) {
+                let tokens = std::mem::take(&mut flight.prefill_tokens);
+                let (replica, placed_ms) = (flight.replica, flight.placed_ms);
+                let scaled = tokens / self.decay(placed_ms);
+                self.drop_prefill(replica, scaled);
+            }
+        }
         let half_life = self.settings.load_half_life_ms;
         if half_life == 0 {
             return now_ms;
@@ -758,6 +820,7 @@ impl InFlight {
             let factor = self.decay(now_ms);
             for state in &mut self.replicas {
                 state.load *= factor;
+                state.prefill_tokens *= factor;
             }
             self.total *= factor;
             self.frame_ms = now_ms;
@@ -776,6 +839,87 @@ impl InFlight {
         }
         let elapsed = at_ms as f64 - self.frame_ms as f64;
         0.5f64.powf(elapsed / half_life as f64)
+    }
+
+    /// Takes `scaled` prompt tokens (as of the frame) off `replica`'s queued prefill.
+    fn drop_prefill(&mut self, replica: u32, scaled: f64) {
+        let state = &mut self.replicas[replica as usize];
+        let left = state.prefill_tokens - scaled;
+        // Rounding leaves a crumb when the last one goes.
+        state.prefill_tokens = if left > 1e-6 { left } else { 0.0 };
+    }
+
+    /// Time mode: `replica`'s pace now: its speed, and the larger of its engine's count and
+    /// this producer's requests in flight, with the prompt tokens they have yet to prefill.
+    fn pace_now(&self, replica: u32, now_ms: u64) -> Pace {
+        let state = &self.replicas[replica as usize];
+        let decay = self.decay(now_ms);
+        Pace {
+            speed: state.pace.speed,
+            busy: Busy {
+                requests: (state.load * decay).max(state.pace.busy.requests),
+                prefill_tokens: state.prefill_tokens * decay + state.pace.busy.prefill_tokens,
+            },
+        }
+    }
+
+    /// Time mode: the prompt tokens of `blocks` that `replica` would prefill (what it holds,
+    /// in flight or in its memory model, as walked).
+    fn uncached_tokens(&self, blocks: &[BlockHash], replica: u32, params: &PlanParams) -> f64 {
+        blocks.len() as f64 * f64::from(params.block_tokens) - self.held_tokens(replica, params)
+    }
+
+    /// Time mode: the prompt tokens of the walked request that `replica` holds.
+    fn held_tokens(&self, replica: u32, params: &PlanParams) -> f64 {
+        let held = self.matches.get(replica as usize).copied().unwrap_or(0);
+        f64::from(held) * f64::from(params.block_tokens)
+    }
+
+    /// Time mode: the allowed replica where the request is answered first (`crate::cost`),
+    /// among those holding fewer than k of its group while any does; ties by step 6's order.
+    fn cheapest(
+        &self,
+        arrival: &Arrival<'_>,
+        params: &PlanParams,
+        k: u32,
+        now_ms: u64,
+    ) -> Option<(u32, PlacementReason)> {
+        let output = f64::from(params.output_tokens);
+        let group = self.groups.get(arrival.blocks);
+        let at_k = |replica: u32| {
+            group.is_some_and(|group| {
+                group
+                    .on
+                    .iter()
+                    .any(|&(r, count)| r == replica && count >= k)
+            })
+        };
+        let allowed = |replica: u32| {
+            arrival
+                .allowed_replicas
+                .is_none_or(|allowed| allowed.contains(&(replica as usize)))
+        };
+        let best = |skip_full: bool| {
+            (0..self.replicas.len() as u32)
+                .filter(|&r| allowed(r) && !(skip_full && at_k(r)))
+                .map(|r| {
+                    let uncached = self.uncached_tokens(arrival.blocks, r, params);
+                    let held = self.held_tokens(r, params);
+                    let cost = self.pace_now(r, now_ms).seconds(uncached, held, output);
+                    (cost, self.replicas[r as usize].rank, r)
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+                .map(|(_, _, r)| r)
+        };
+        let replica = best(true).or_else(|| best(false))?;
+        let need = params.min_colocate_blocks.max(1);
+        let reason = match self.matches.get(replica as usize) {
+            Some(&held) if held as usize >= need && !arrival.blocks.is_empty() => {
+                PlacementReason::Window
+            }
+            _ => PlacementReason::LeastLoaded,
+        };
+        Some((replica, reason))
     }
 
     fn map_slots(&mut self, memory: &mut Memory) {

@@ -89,6 +89,10 @@ pub fn assign_with_memory(
             .any(|request| request.allowed_replicas.is_some()),
     };
     let plan = place_units(batch, replicas, params, Some(recall));
+    if params.balance_by == BalanceBy::Time {
+        // Time mode reads what each replica is busy with from its pace, not a carried load.
+        return plan;
+    }
     for (replica, &slot) in slots.iter().enumerate() {
         let start = carried[replica].round() as u64;
         let added = plan.loads[replica].saturating_sub(start);
@@ -115,7 +119,8 @@ fn place_units(
     // With memory, N counts as at least 1 for single units too: requests sharing their first
     // block (a system prompt) are placed, so that their next turns find them remembered.
     let unit_n = if recall.is_some() { n.max(1) } else { n };
-    let mut units = form_units(batch, unit_n, |blocks| {
+    let timed = params.balance_by == BalanceBy::Time;
+    let mut units = form_units(batch, unit_n, timed, |blocks| {
         recall
             .as_mut()
             .is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))
@@ -133,7 +138,9 @@ fn place_units(
     if replicas.is_empty() {
         return plan;
     }
-    if recall.is_some() {
+    // With memory and in time mode, units walk the holders of their blocks.
+    let walks = recall.is_some() || timed;
+    if walks {
         count_sharers(&mut units);
     }
     // Each unit lands on at most ceil(members / k) replicas.
@@ -141,15 +148,15 @@ fn place_units(
     let replicas_per_unit = |unit: &Unit<'_>| unit.members.len().div_ceil(k).min(replicas.len());
     // The window's own index: with memory, the prefix each unit shares (`UnitPlacer::place`),
     // walked; without, the blocks two units contain, looked up.
-    let (walked_blocks, held) = match recall {
-        Some(_) => {
+    let (walked_blocks, held) = match walks {
+        true => {
             let pairs = units
                 .iter()
                 .map(|unit| unit.shared() * replicas_per_unit(unit))
                 .sum();
             (pairs, HeldBlocks::new(&[], 0, false))
         }
-        None => (
+        false => (
             0,
             HeldBlocks::new(&units, replicas.len(), prefer_from.is_some()),
         ),
@@ -161,6 +168,12 @@ fn place_units(
         (Some(recall), BalanceBy::Tokens) => {
             most_constrained_first(&mut units, recall);
             Balance::EarliestFinish
+        }
+        (recall, BalanceBy::Time) => {
+            if let Some(recall) = recall {
+                most_constrained_first(&mut units, recall);
+            }
+            Balance::Seconds
         }
         _ => Balance::FairShare {
             max_share: max_share(&units, &carried, params),

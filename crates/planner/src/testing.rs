@@ -17,12 +17,7 @@ pub fn replica_ids(count: usize) -> Vec<String> {
 
 /// Replicas with these ids and no running requests.
 pub fn replicas<S: AsRef<str>>(ids: &[S]) -> Vec<Replica<'_>> {
-    ids.iter()
-        .map(|id| Replica {
-            id: id.as_ref(),
-            running_requests: 0,
-        })
-        .collect()
+    ids.iter().map(|id| Replica::new(id.as_ref())).collect()
 }
 
 /// A window of these prompts, in order, each free to use every replica.
@@ -99,6 +94,7 @@ pub fn params(k: i64, n: usize, balance_by: BalanceBy) -> PlanParams {
         max_per_replica: (k >= 1).then_some(k as usize),
         min_colocate_blocks: n,
         balance_by,
+        ..PlanParams::default()
     }
 }
 

@@ -218,6 +218,7 @@ proptest! {
             let own = match p.balance_by {
                 BalanceBy::Requests => 1.0,
                 BalanceBy::Tokens => prompt.len() as f64,
+                BalanceBy::Time => unreachable!("knobs() draws requests or tokens"),
             };
             let share = ((loads.iter().sum::<f64>() + own) / fleet as f64).ceil();
             let placement = placer.place(&arrival(prompt, None), &p, None, i as u64);

@@ -16,10 +16,7 @@ fn request(prompts: &[&[u32]]) -> Vec<BlockHash> {
 
 fn replicas<'a>(ids: &[&'a str]) -> Vec<Replica<'a>> {
     ids.iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
+        .map(|id| Replica::new(id))
         .collect()
 }
 
@@ -28,6 +25,7 @@ fn params(min_colocate_blocks: usize) -> PlanParams {
         max_per_replica: None,
         min_colocate_blocks,
         balance_by: BalanceBy::Requests,
+        ..PlanParams::default()
     }
 }
 

@@ -91,6 +91,7 @@ fn case() -> impl Strategy<Value = Case> {
                         max_per_replica: (k >= 1).then_some(k as usize),
                         min_colocate_blocks: n,
                         balance_by,
+                        ..PlanParams::default()
                     },
                 }
             },
@@ -149,7 +150,10 @@ proptest! {
         let replicas: Vec<Replica<'_>> = case
             .replicas
             .iter()
-            .map(|&(id, running_requests)| Replica { id, running_requests })
+            .map(|&(id, running_requests)| Replica {
+                running_requests,
+                ..Replica::new(id)
+            })
             .collect();
         let plan = assign(&requests, &replicas, &case.params);
         let expected = reference_assign(&requests, &replicas, &case.params);

@@ -12,6 +12,8 @@ pub(super) fn max_share(units: &[Unit<'_>], carried: &[u64], params: &PlanParams
     let total = match params.balance_by {
         BalanceBy::Requests => units.iter().map(|unit| unit.members.len()).sum::<usize>(),
         BalanceBy::Tokens => units.iter().map(|unit| unit.blocks.len()).sum(),
+        // Time has no fair share: each request goes where it is answered first.
+        BalanceBy::Time => 0,
     } as u64;
     (total + carried.iter().sum::<u64>()).div_ceil(carried.len() as u64)
 }
@@ -23,6 +25,8 @@ pub(super) enum Balance {
     /// With memory in tokens mode, where load and prefill are both blocks: where the unit
     /// finishes first, pricing the blocks it would prefill again (`earliest_finish`).
     EarliestFinish,
+    /// In time mode: each member where it is answered first (`crate::cost`).
+    Seconds,
 }
 
 /// A replica as `earliest_finish` ranks it: the leading blocks of the unit it holds (0 when

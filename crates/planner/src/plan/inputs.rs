@@ -1,5 +1,6 @@
 //! What a window's placement takes: the requests, the replicas and the knobs.
 
+use crate::cost::Pace;
 use crate::prefixhash::BlockHash;
 
 /// What the window load of a replica counts.
@@ -10,10 +11,14 @@ pub enum BalanceBy {
     Requests,
     /// Blocks to prefill on the replica: a unit's blocks minus the prefix it already holds there.
     Tokens,
+    /// Seconds (`crate::cost`): each request goes where it is predicted to be answered first,
+    /// counting the time it takes from the requests already there, from each replica's
+    /// [`Replica::pace`]. Needs memory in a window (a window without memory is llm-d's).
+    Time,
 }
 
 /// The placement knobs of docs/behaviour.md §2, already validated.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanParams {
     /// k: at most this many members of one unit on one replica; `None` is unlimited (-1).
     pub max_per_replica: Option<usize>,
@@ -21,15 +26,45 @@ pub struct PlanParams {
     /// 0 co-locates identical prompts only.
     pub min_colocate_blocks: usize,
     pub balance_by: BalanceBy,
+    /// Tokens per prefix block (the time cost's prefill is priced in tokens).
+    pub block_tokens: u32,
+    /// The answer length the time cost expects of a request, in tokens.
+    pub output_tokens: u32,
+}
+
+impl Default for PlanParams {
+    /// The config's defaults: unlimited k, N = 0, requests, 64-token blocks, 256-token answers.
+    fn default() -> Self {
+        PlanParams {
+            max_per_replica: None,
+            min_colocate_blocks: 0,
+            balance_by: BalanceBy::Requests,
+            block_tokens: 64,
+            output_tokens: 256,
+        }
+    }
 }
 
 /// A candidate replica (one inference endpoint).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Replica<'a> {
     /// Endpoint id; the last tie-break compares these byte-wise, and memory is keyed by it.
     pub id: &'a str,
     /// Live running-request count, when known (else 0); a tie-break only.
     pub running_requests: u64,
+    /// How fast it works and what it is busy with, for [`BalanceBy::Time`].
+    pub pace: Pace,
+}
+
+impl<'a> Replica<'a> {
+    /// A replica of the default speed with nothing running.
+    pub fn new(id: &'a str) -> Self {
+        Replica {
+            id,
+            running_requests: 0,
+            pace: Pace::default(),
+        }
+    }
 }
 
 /// One request of the window, in arrival order.

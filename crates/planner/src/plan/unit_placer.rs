@@ -9,6 +9,7 @@ use super::recall::Recall;
 use super::units::Unit;
 use super::walk::{Matches, WindowHolders};
 use super::{BalanceBy, HeldPrefixes, PlacementReason, Plan, PlanParams, Replica};
+use crate::cost::Pace;
 use crate::prefixhash::BlockHash;
 
 /// Step 5: the state of one window's placement.
@@ -56,6 +57,11 @@ pub(super) struct UnitPlacer<'a> {
     usable: Vec<bool>,
     /// Scratch for `UnitPlacer::earliest_finish`.
     price_from: Vec<f64>,
+    /// In time mode: each replica's speed and what it is busy with, this window's placements
+    /// included; `load` is then its cost of a cached request, in microseconds.
+    paces: Vec<Pace>,
+    /// In time mode: the lowest seconds per prefill token among the replicas.
+    fastest_prefill: f64,
 }
 
 impl<'a> UnitPlacer<'a> {
@@ -70,6 +76,21 @@ impl<'a> UnitPlacer<'a> {
         walked_blocks: usize,
         held: HeldBlocks<'a>,
     ) -> Self {
+        let paces: Vec<Pace> = match balance {
+            Balance::Seconds => replicas.iter().map(|replica| replica.pace).collect(),
+            _ => Vec::new(),
+        };
+        let fastest_prefill = paces
+            .iter()
+            .map(|pace| pace.speed.prefill_seconds_per_token)
+            .fold(f64::INFINITY, f64::min);
+        let load = match balance {
+            Balance::Seconds => paces
+                .iter()
+                .map(|pace| micros(pace.seconds(0.0, 0.0, f64::from(params.output_tokens))))
+                .collect(),
+            _ => load,
+        };
         let mut by_order: Vec<u32> = (0..replicas.len() as u32).collect();
         // Stable: equal ids (never in practice) keep index order.
         by_order.sort_by(|&a, &b| {
@@ -102,8 +123,16 @@ impl<'a> UnitPlacer<'a> {
             touched: Vec::new(),
             usable: vec![false; if recall.is_some() { replicas.len() } else { 0 }],
             price_from: Vec::new(),
+            paces,
+            fastest_prefill,
             recall,
         }
+    }
+
+    /// Whether units walk the holders of their blocks (with memory, and in time mode), rather
+    /// than look up what the replicas they land on hold.
+    fn walks(&self) -> bool {
+        self.recall.is_some() || matches!(self.balance, Balance::Seconds)
     }
 
     /// With memory (the models are read; this window's touches wait for `Memory::settle`).
@@ -117,18 +146,67 @@ impl<'a> UnitPlacer<'a> {
     }
 
     pub(super) fn place(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
-        if self.recall.is_some() {
+        if self.walks() {
             self.matches.walk(
                 &self.window,
                 self.recall.as_mut(),
                 unit.blocks,
                 unit.shared(),
             );
-            self.matches
-                .keep_as_held_list(&unit.members, &mut plan.held);
         } else {
             self.held.start_unit(unit.blocks);
         }
+        if self.recall.is_some() {
+            self.matches
+                .keep_as_held_list(&unit.members, &mut plan.held);
+        }
+        if matches!(self.balance, Balance::Seconds) {
+            self.place_members_by_seconds(unit, plan);
+        } else {
+            self.fill_and_spill(unit, plan);
+        }
+        self.restore_full();
+        if let Some(recall) = &mut self.recall {
+            // The unit is recorded where a member may stay (step 7 takes the others back).
+            for &member in &unit.members {
+                if let Some(replica) = plan.assignments[member] {
+                    if recall.may_use(member, replica) {
+                        self.usable[replica] = true;
+                    }
+                }
+            }
+            for &replica in &self.touched {
+                if std::mem::take(&mut self.usable[replica]) {
+                    recall.memory.touch(recall.slots[replica], unit.blocks);
+                }
+            }
+        }
+        // In time mode each replica was recorded when the unit first landed there.
+        let recorded = !matches!(self.balance, Balance::Seconds);
+        for i in 0..self.touched.len() {
+            let replica = self.touched[i];
+            if recorded {
+                self.record(self.recorded_blocks(unit), replica);
+            }
+            self.members_here[replica] = 0;
+        }
+        self.touched.clear();
+        self.matches.clear();
+    }
+
+    /// The blocks of `unit` the window's own index needs: with memory (and in time mode), only
+    /// those its other units walk; a unit's blocks past the prefix it shares with another unit
+    /// go to the memory alone.
+    fn recorded_blocks<'u>(&self, unit: &Unit<'u>) -> &'u [BlockHash] {
+        match self.walks() {
+            true => &unit.blocks[..unit.shared()],
+            false => unit.blocks,
+        }
+    }
+
+    /// Steps 5-6: the unit's first replica filled up to k, then spilled to the next
+    /// least-loaded replica under k; members beyond k x replicas one at a time.
+    fn fill_and_spill(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
         let k = self.k;
         let members = &unit.members;
         let mut next = 0;
@@ -159,35 +237,95 @@ impl<'a> UnitPlacer<'a> {
             }
             self.overflowing = false;
         }
-        self.restore_full();
-        if let Some(recall) = &mut self.recall {
-            // The unit is recorded where a member may stay (step 7 takes the others back).
-            for &member in members {
-                if let Some(replica) = plan.assignments[member] {
-                    if recall.may_use(member, replica) {
-                        self.usable[replica] = true;
-                    }
+    }
+
+    /// Time mode: each member where it is answered first (`crate::cost`), among the replicas
+    /// holding a prefix of the unit (the members placed before it included) and the others;
+    /// at most k members on one replica while any replica is under k.
+    fn place_members_by_seconds(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
+        let need = self.prefer_from.unwrap_or(1);
+        // Why the unit is on each replica it landed on (its first member there).
+        let mut landed: Vec<(usize, PlacementReason)> = Vec::new();
+        for &member in &unit.members {
+            let replica = match self.cheapest(unit) {
+                Some(replica) => replica,
+                None => {
+                    // Every replica holds k members of the unit: all are candidates again.
+                    self.restore_full();
+                    self.overflowing = true;
+                    self.cheapest(unit).expect("at least one replica")
                 }
-            }
-            for &replica in &self.touched {
-                if std::mem::take(&mut self.usable[replica]) {
-                    recall.memory.touch(recall.slots[replica], unit.blocks);
+            };
+            let reason = match landed.iter().find(|(r, _)| *r == replica) {
+                Some(&(_, reason)) => reason,
+                None => {
+                    let held = self.matches.of(replica);
+                    let reason = if held < need {
+                        PlacementReason::LeastLoaded
+                    } else if self.recall.is_some()
+                        && !self.window.holds(unit.blocks, replica, need)
+                    {
+                        PlacementReason::Memory
+                    } else {
+                        PlacementReason::Window
+                    };
+                    landed.push((replica, reason));
+                    reason
                 }
+            };
+            let first_here = self.members_here[replica] == 0;
+            self.put(unit, &[member], replica, reason, plan);
+            if first_here {
+                self.record(self.recorded_blocks(unit), replica);
             }
+            // Its next members find the whole unit there.
+            self.matches.raise(replica, unit.blocks.len());
         }
-        // The window's own index needs only the blocks its other units walk: with memory, a
-        // unit's blocks past the prefix it shares with another unit go to the memory alone.
-        let recorded = match self.recall {
-            Some(_) => &unit.blocks[..unit.shared()],
-            None => unit.blocks,
+        self.overflowing = false;
+    }
+
+    /// Time mode: the replica where one more member of `unit` is answered first, among those
+    /// under k for the unit (all of them while overflowing); ties by step 6's order. The
+    /// replicas holding none of it are read by load, stopping once no further one can win.
+    fn cheapest(&self, unit: &Unit<'_>) -> Option<usize> {
+        let blocks = unit.blocks.len();
+        let block_tokens = f64::from(self.params.block_tokens);
+        // `load` is the cost of a request holding nothing and prefilling nothing; a member
+        // prefills what the replica lacks, and waits for no queued prefill it shares.
+        let cost = |replica: usize| {
+            let pace = &self.paces[replica];
+            let held = self.matches.of(replica) as f64 * block_tokens;
+            let uncached = blocks as f64 * block_tokens - held;
+            let shared = held.min(pace.busy.prefill_tokens);
+            seconds(self.load[replica])
+                + (uncached - shared) * pace.speed.prefill_seconds_per_token
         };
-        for i in 0..self.touched.len() {
-            let replica = self.touched[i];
-            self.record(recorded, replica);
-            self.members_here[replica] = 0;
+        let mut best: Option<(f64, (u64, u32), usize)> = None;
+        let consider = |replica: usize, best: &mut Option<(f64, (u64, u32), usize)>| {
+            let rank = (cost(replica), self.key(replica), replica);
+            let lower = best
+                .as_ref()
+                .is_none_or(|b| (rank.0, rank.1) < (b.0, b.1));
+            if lower {
+                *best = Some(rank);
+            }
+        };
+        for &replica in self.matches.matched() {
+            if self.overflowing || self.members_here[replica] < self.k {
+                consider(replica, &mut best);
+            }
         }
-        self.touched.clear();
-        self.matches.clear();
+        let cold = blocks as f64 * block_tokens * self.fastest_prefill;
+        for &(load, rank) in &self.under_k {
+            if best
+                .as_ref()
+                .is_some_and(|b| seconds(load) + cold > b.0)
+            {
+                break;
+            }
+            consider(self.by_order[rank as usize] as usize, &mut best);
+        }
+        best.map(|(_, _, replica)| replica)
     }
 
     /// With memory, for a request outside every unit (entry `entry` of the batch): what the
@@ -208,7 +346,7 @@ impl<'a> UnitPlacer<'a> {
     /// already are.
     fn record(&mut self, blocks: &[BlockHash], replica: usize) {
         let from = self.matches.of(replica);
-        if self.recall.is_none() {
+        if !self.walks() {
             let key = self.key(replica);
             self.held.record(from, replica as u32, key);
         } else {
@@ -249,6 +387,7 @@ impl<'a> UnitPlacer<'a> {
                     .max_by(by_match)
             }),
             Balance::EarliestFinish => self.earliest_finish(unit),
+            Balance::Seconds => unreachable!("time mode places member by member"),
         };
         match preferred {
             Some(best) => {
@@ -281,7 +420,7 @@ impl<'a> UnitPlacer<'a> {
         let indexed = self.under_k.remove(&self.key(replica));
         if self.members_here[replica] == 0 {
             self.touched.push(replica);
-            if self.recall.is_none() {
+            if !self.walks() {
                 // Not walked: look up only what this replica holds.
                 self.matches.set(replica, self.held.held_prefix(replica));
             }
@@ -295,6 +434,16 @@ impl<'a> UnitPlacer<'a> {
         if self.params.balance_by == BalanceBy::Requests {
             self.load[replica] += members.len() as u64;
             self.total_load += members.len() as u64;
+        }
+        if let Some(pace) = self.paces.get_mut(replica) {
+            let uncached = (unit.blocks.len() - self.matches.of(replica)) as f64
+                * f64::from(self.params.block_tokens);
+            for _ in members {
+                pace.add(uncached);
+            }
+            let load = micros(pace.seconds(0.0, 0.0, f64::from(self.params.output_tokens)));
+            self.total_load = self.total_load - self.load[replica] + load;
+            self.load[replica] = load;
         }
         self.members_here[replica] += members.len();
         for &member in members {
@@ -357,4 +506,14 @@ impl<'a> UnitPlacer<'a> {
         self.price_from = price_from;
         best
     }
+}
+
+/// Seconds as the whole microseconds `UnitPlacer::load` holds in time mode.
+fn micros(seconds: f64) -> u64 {
+    (seconds * 1e6).round() as u64
+}
+
+/// Microseconds of `UnitPlacer::load` as seconds.
+fn seconds(micros: u64) -> f64 {
+    micros as f64 * 1e-6
 }

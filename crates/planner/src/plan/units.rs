@@ -44,10 +44,12 @@ impl Unit<'_> {
 }
 
 /// Steps 1-3: group identical block sequences, keep the units, order them. A single that is no
-/// unit by §4 becomes a warm one if `is_warm` says so.
+/// unit by §4 becomes a warm one if `is_warm` says so, and with `every_single` (time mode, where
+/// every request is priced) a unit anyway.
 pub(super) fn form_units<'a>(
     batch: &[BatchRequest<'a>],
     min_colocate_blocks: usize,
+    every_single: bool,
     mut is_warm: impl FnMut(&[BlockHash]) -> bool,
 ) -> Vec<Unit<'a>> {
     let mut group_of: HashMap<Chain<'a>, usize, BuildBlockHasher> =
@@ -94,7 +96,7 @@ pub(super) fn form_units<'a>(
                 unit.kind = UnitKind::Warm;
                 Some(unit)
             } else {
-                None
+                every_single.then_some(unit)
             }
         })
         .collect();

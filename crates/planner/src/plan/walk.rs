@@ -105,6 +105,16 @@ impl Matches {
         }
     }
 
+    /// `replica` now holds `blocks` leading blocks, at least as many as before (a member of the
+    /// current unit was placed there).
+    pub(super) fn raise(&mut self, replica: usize, blocks: usize) {
+        if self.blocks[replica] == 0 {
+            self.set(replica, blocks);
+        } else {
+            self.blocks[replica] = self.blocks[replica].max(blocks);
+        }
+    }
+
     /// The leading blocks of `blocks` each replica holds, for every replica holding any: a
     /// holder of block i advances only if it held blocks 0..i, so each holder of each walked
     /// block is visited once; the walk stops at the first block on which no holder advanced.

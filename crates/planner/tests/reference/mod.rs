@@ -86,6 +86,7 @@ pub fn reference_assign(
         .map(|u| match params.balance_by {
             BalanceBy::Requests => u.members.len(),
             BalanceBy::Tokens => u.blocks.len(),
+            BalanceBy::Time => unreachable!("llm-d has no time mode"),
         })
         .sum();
     let max_share = total.div_ceil(replicas.len()) as u64;

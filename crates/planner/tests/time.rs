@@ -1,0 +1,201 @@
+//! Placement priced in seconds (`BalanceBy::Time`, docs/behaviour.md §4 "Time"): in a window
+//! and on arrival, each request goes where it is predicted to be answered first.
+
+use burst_prefix_planner::testing::{batch, blocks, memory, replica_ids, rl_step};
+use burst_prefix_planner::{
+    assign_with_memory, Arrival, BalanceBy, BlockHash, Busy, InFlight, InFlightSettings, Pace,
+    PlacementReason, Plan, PlanParams, Replica, Speed,
+};
+
+/// 32-token blocks, 256-token answers: an RL step's prompt of 64 blocks is 2,048 tokens.
+fn params() -> PlanParams {
+    PlanParams {
+        balance_by: BalanceBy::Time,
+        block_tokens: 32,
+        output_tokens: 256,
+        ..PlanParams::default()
+    }
+}
+
+/// Llama-3.1-8B on an A100 (BLIS): about 2.6 times slower than the default H100.
+fn a100() -> Speed {
+    Speed {
+        prefill_seconds_per_token: 50.15e-6,
+        prefill_overhead_seconds: 24.18e-3,
+        decode_seconds_per_step: 16.46e-3,
+        decode_seconds_per_step_per_sequence: 18.2e-6,
+        max_running: 256.0,
+    }
+}
+
+fn fleet<'a>(ids: &'a [String], slow: &[usize]) -> Vec<Replica<'a>> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| Replica {
+            pace: Pace {
+                speed: if slow.contains(&i) {
+                    a100()
+                } else {
+                    Speed::default()
+                },
+                busy: Busy::default(),
+            },
+            ..Replica::new(id)
+        })
+        .collect()
+}
+
+/// Per replica, how many requests it got.
+fn counts(assignments: &[Option<usize>], replicas: usize) -> Vec<usize> {
+    let mut counts = vec![0; replicas];
+    for replica in assignments.iter().flatten() {
+        counts[*replica] += 1;
+    }
+    counts
+}
+
+/// How many replicas each distinct prompt was placed on.
+fn spread(prompts: &[Vec<BlockHash>], assignments: &[Option<usize>]) -> Vec<usize> {
+    let mut distinct: Vec<&Vec<BlockHash>> = prompts.iter().collect();
+    distinct.sort();
+    distinct.dedup();
+    distinct
+        .iter()
+        .map(|prompt| {
+            let mut on: Vec<usize> = prompts
+                .iter()
+                .zip(assignments)
+                .filter(|(p, _)| p == prompt)
+                .filter_map(|(_, a)| *a)
+                .collect();
+            on.sort_unstable();
+            on.dedup();
+            on.len()
+        })
+        .collect()
+}
+
+fn window(prompts: &[Vec<BlockHash>], replicas: &[Replica<'_>]) -> Plan {
+    let mut memory = memory(1_000_000, 0);
+    assign_with_memory(&batch(prompts), replicas, &params(), &mut memory, 0)
+}
+
+fn on_arrival(prompts: &[Vec<BlockHash>], replicas: &[Replica<'_>]) -> Vec<Option<usize>> {
+    let mut in_flight = InFlight::new(InFlightSettings::default());
+    in_flight.set_replicas(replicas);
+    prompts
+        .iter()
+        .map(|prompt| {
+            let arrival = Arrival {
+                blocks: prompt,
+                allowed_replicas: None,
+                group_size: None,
+            };
+            in_flight.place(&arrival, &params(), None, 0).replica
+        })
+        .collect()
+}
+
+#[test]
+fn an_rl_step_keeps_each_prompts_samples_together_and_every_replica_equally_busy() {
+    let ids = replica_ids(16);
+    let replicas = fleet(&ids, &[]);
+    // 64 prompts x 8 samples of 2,048 tokens, 256 of them a shared system prompt.
+    let step = rl_step(64, 8, 8, 56);
+    let plan = window(&step, &replicas);
+    assert_eq!(spread(&step, &plan.assignments), vec![1; 64]);
+    assert_eq!(counts(&plan.assignments, 16), vec![32; 16]);
+    // Arriving one at a time, the samples follow their prompt just the same.
+    let placed = on_arrival(&step, &replicas);
+    assert_eq!(spread(&step, &placed), vec![1; 64]);
+    assert_eq!(counts(&placed, 16), vec![32; 16]);
+}
+
+#[test]
+fn one_prompt_sampled_many_times_is_prefilled_once_per_replica_it_needs() {
+    let ids = replica_ids(16);
+    let replicas = fleet(&ids, &[]);
+    // 512 samples of one prompt: one replica would decode them 1.3 times slower than 32 each,
+    // far more than 15 more prefills of 2,048 tokens cost.
+    let step = rl_step(1, 512, 8, 56);
+    let plan = window(&step, &replicas);
+    assert_eq!(counts(&plan.assignments, 16), vec![32; 16]);
+    let placed = on_arrival(&step, &replicas);
+    assert_eq!(counts(&placed, 16), vec![32; 16]);
+    // With k = 8, at most 8 on one replica while any replica has fewer.
+    let k8 = PlanParams {
+        max_per_replica: Some(8),
+        ..params()
+    };
+    let mut memory = memory(1_000_000, 0);
+    let plan = assign_with_memory(&batch(&step[..64]), &replicas, &k8, &mut memory, 0);
+    assert_eq!(counts(&plan.assignments, 16), [vec![8; 8], vec![0; 8]].concat());
+}
+
+#[test]
+fn slower_replicas_get_fewer_requests() {
+    let ids = replica_ids(16);
+    let slow = [1, 5, 9, 13];
+    let replicas = fleet(&ids, &slow);
+    let step = rl_step(64, 8, 8, 56);
+    // An A100 decodes 2.9 times slower: 512 requests on 12 H100s (43 each) are answered
+    // before any on an idle A100.
+    for placed in [window(&step, &replicas).assignments, on_arrival(&step, &replicas)] {
+        let counts = counts(&placed, 16);
+        assert!(slow.iter().all(|&r| counts[r] == 0), "{counts:?}");
+        assert_eq!(spread(&step, &placed), vec![1; 64]);
+    }
+    // Busy enough, they are used: 4,096 requests fill the H100s past their 256 slots.
+    let step = rl_step(256, 16, 8, 56);
+    let counts = counts(&window(&step, &replicas).assignments, 16);
+    let (fast, slowest) = (counts[0], slow.iter().map(|&r| counts[r]).max().unwrap());
+    assert!(slowest > 0 && slowest < fast, "{counts:?}");
+}
+
+#[test]
+fn a_fan_out_on_a_system_prompt_leaves_no_replica_idle() {
+    // The README's demo: 6 prompts x 8 samples sharing a system prompt, on 4 replicas.
+    let ids = replica_ids(4);
+    let replicas = fleet(&ids, &[]);
+    let step = rl_step(6, 8, 16, 8);
+    for placed in [window(&step, &replicas).assignments, on_arrival(&step, &replicas)] {
+        let counts = counts(&placed, 4);
+        eprintln!("{counts:?} {:?}", spread(&step, &placed));
+        assert!(counts.iter().all(|&c| (11..=13).contains(&c)), "{counts:?}");
+    }
+}
+
+#[test]
+fn a_conversation_stays_with_its_history_until_that_replica_is_much_busier() {
+    let ids = replica_ids(4);
+    let mut memory = memory(1_000_000, 0);
+    // Turn one of a conversation (a 512-block history, 16,384 tokens) lands somewhere.
+    let history = blocks(7, 0, 7, 512);
+    let first = window_with(&mut memory, &[history.clone()], &fleet(&ids, &[]));
+    let home = first.assignments[0].unwrap();
+    // Its next turn goes back there...
+    let next = blocks(7, 0, 7, 520);
+    let replicas = fleet(&ids, &[]);
+    let plan = window_with(&mut memory, &[next.clone()], &replicas);
+    assert_eq!(plan.assignments[0], Some(home));
+    assert_eq!(plan.reasons[0], Some(PlacementReason::Memory));
+    // ... while its replica runs 100 more requests than the others (0.3 s of prefill saved
+    // against 0.3 s of decoding slowed), not with 500 more.
+    let busy_home = |requests: f64| {
+        let mut replicas = fleet(&ids, &[]);
+        replicas[home].pace.busy.requests = requests;
+        replicas
+    };
+    let plan = window_with(&mut memory, &[next.clone()], &busy_home(100.0));
+    assert_eq!(plan.assignments[0], Some(home));
+    let plan = window_with(&mut memory, &[next], &busy_home(500.0));
+    assert_ne!(plan.assignments[0], Some(home));
+}
+
+fn window_with(
+    memory: &mut burst_prefix_planner::Memory,
+    prompts: &[Vec<BlockHash>],
+    replicas: &[Replica<'_>],
+) -> Plan {
+    assign_with_memory(&batch(prompts), replicas, &params(), memory, 0)
+}
