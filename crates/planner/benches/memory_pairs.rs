@@ -35,6 +35,7 @@ fn main() {
     for (mode, balance_by) in [
         ("requests", BalanceBy::Requests),
         ("tokens", BalanceBy::Tokens),
+        ("time", BalanceBy::Time),
     ] {
         let params = memory_stream_params(balance_by);
         let (mut memory, mut now_ms) = steady_memory(&batches, &replicas, &params);

@@ -73,11 +73,13 @@ fn planning(c: &mut Criterion) {
             for (mode, balance_by) in [
                 ("requests", BalanceBy::Requests),
                 ("tokens", BalanceBy::Tokens),
+                ("time", BalanceBy::Time),
             ] {
                 let params = PlanParams {
                     max_per_replica: Some(GROUP_SIZE),
                     min_colocate_blocks: n,
                     balance_by,
+                    ..PlanParams::default()
                 };
                 group.bench_with_input(
                     BenchmarkId::new(format!("n{n}_{mode}"), requests),
@@ -112,6 +114,15 @@ fn rl_step_bench(c: &mut Criterion) {
     };
     group.bench_function("assign_n1", |b| {
         b.iter(|| assign(black_box(&batch), &replicas, &n1))
+    });
+    // Time mode: each member priced on the holders of its prefix and the cheapest other
+    // replica (no k: the cost splits).
+    let time = PlanParams {
+        balance_by: BalanceBy::Time,
+        ..PlanParams::default()
+    };
+    group.bench_function("assign_time", |b| {
+        b.iter(|| assign(black_box(&batch), &replicas, &time))
     });
     group.bench_function("reference_baseline", |b| {
         b.iter(|| reference_assign(black_box(&batch), &replicas, &params))
@@ -187,6 +198,7 @@ fn planning_with_memory(c: &mut Criterion) {
     for (mode, balance_by) in [
         ("requests", BalanceBy::Requests),
         ("tokens", BalanceBy::Tokens),
+        ("time", BalanceBy::Time),
     ] {
         let params = memory_stream_params(balance_by);
         let (mut memory, mut now_ms) = steady_memory(&batches, &replicas, &params);
@@ -322,30 +334,44 @@ fn zero_wait(c: &mut Criterion) {
         min_colocate_blocks: 1,
         ..PlanParams::default()
     };
+    let time = PlanParams {
+        balance_by: BalanceBy::Time,
+        ..PlanParams::default()
+    };
     for fleet in [16, 256, 1_024, 4_096] {
         let prompts = rl_step(fleet, 8, 16, 8);
         let ids = replica_ids(fleet);
         let list = replicas(&ids);
         group.throughput(Throughput::Elements(prompts.len() as u64));
-        group.bench_function(BenchmarkId::new("place_and_finish", fleet), |b| {
-            b.iter(|| {
-                let mut in_flight = InFlight::new(InFlightSettings::default());
-                in_flight.set_replicas(&list);
-                let mut live = std::collections::VecDeque::new();
-                for (i, blocks) in prompts.iter().enumerate() {
-                    let arrival = Arrival {
-                        blocks,
-                        allowed_replicas: None,
-                        group_size: Some(8),
-                    };
-                    live.push_back(in_flight.place(&arrival, &params, None, i as u64).id);
-                    if live.len() > prompts.len() / 4 {
-                        in_flight.finish(live.pop_front().unwrap(), i as u64);
+        // Time mode prices every replica for every request: up to 1,024 replicas.
+        let modes: &[(&str, &PlanParams)] = match fleet {
+            ..=1_024 => &[
+                ("place_and_finish", &params),
+                ("place_and_finish_time", &time),
+            ],
+            _ => &[("place_and_finish", &params)],
+        };
+        for &(name, params) in modes {
+            group.bench_function(BenchmarkId::new(name, fleet), |b| {
+                b.iter(|| {
+                    let mut in_flight = InFlight::new(InFlightSettings::default());
+                    in_flight.set_replicas(&list);
+                    let mut live = std::collections::VecDeque::new();
+                    for (i, blocks) in prompts.iter().enumerate() {
+                        let arrival = Arrival {
+                            blocks,
+                            allowed_replicas: None,
+                            group_size: Some(8),
+                        };
+                        live.push_back(in_flight.place(&arrival, params, None, i as u64).id);
+                        if live.len() > prompts.len() / 4 {
+                            in_flight.finish(live.pop_front().unwrap(), i as u64);
+                        }
                     }
-                }
-                black_box(in_flight.len())
-            })
-        });
+                    black_box(in_flight.len())
+                })
+            });
+        }
     }
     group.finish();
 }

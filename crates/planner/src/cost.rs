@@ -161,7 +161,8 @@ mod tests {
         };
         // Two running: the third waits about half an answer's decode.
         let waited = at(2.0) - at(1.0);
-        let decode = 100.0 * (speed.decode_seconds_per_step + 2.0 * speed.decode_seconds_per_step_per_sequence);
+        let decode = 100.0
+            * (speed.decode_seconds_per_step + 2.0 * speed.decode_seconds_per_step_per_sequence);
         assert!((waited - decode / 2.0).abs() < 1e-9, "{waited}");
         assert!(at(3.0) - at(2.0) > waited * 0.99);
     }

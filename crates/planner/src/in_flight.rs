@@ -325,7 +325,9 @@ impl InFlight {
                         let weight = self.weight(arrival.blocks, replica, params);
                         let blocks = self.group_blocks(arrival.blocks);
                         let prefill_tokens = match params.balance_by {
-                            BalanceBy::Time => self.uncached_tokens(arrival.blocks, replica, params),
+                            BalanceBy::Time => {
+                                self.uncached_tokens(arrival.blocks, replica, params)
+                            }
                             _ => 0.0,
                         };
                         if prefill_tokens > 0.0 {

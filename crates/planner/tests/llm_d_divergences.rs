@@ -15,9 +15,7 @@ fn request(prompts: &[&[u32]]) -> Vec<BlockHash> {
 }
 
 fn replicas<'a>(ids: &[&'a str]) -> Vec<Replica<'a>> {
-    ids.iter()
-        .map(|id| Replica::new(id))
-        .collect()
+    ids.iter().map(|id| Replica::new(id)).collect()
 }
 
 fn params(min_colocate_blocks: usize) -> PlanParams {

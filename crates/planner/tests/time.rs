@@ -129,7 +129,10 @@ fn one_prompt_sampled_many_times_is_prefilled_once_per_replica_it_needs() {
     };
     let mut memory = memory(1_000_000, 0);
     let plan = assign_with_memory(&batch(&step[..64]), &replicas, &k8, &mut memory, 0);
-    assert_eq!(counts(&plan.assignments, 16), [vec![8; 8], vec![0; 8]].concat());
+    assert_eq!(
+        counts(&plan.assignments, 16),
+        [vec![8; 8], vec![0; 8]].concat()
+    );
 }
 
 #[test]
@@ -140,7 +143,10 @@ fn slower_replicas_get_fewer_requests() {
     let step = rl_step(64, 8, 8, 56);
     // An A100 decodes 2.9 times slower: 512 requests on 12 H100s (43 each) are answered
     // before any on an idle A100.
-    for placed in [window(&step, &replicas).assignments, on_arrival(&step, &replicas)] {
+    for placed in [
+        window(&step, &replicas).assignments,
+        on_arrival(&step, &replicas),
+    ] {
         let counts = counts(&placed, 16);
         assert!(slow.iter().all(|&r| counts[r] == 0), "{counts:?}");
         assert_eq!(spread(&step, &placed), vec![1; 64]);
@@ -158,7 +164,10 @@ fn a_fan_out_on_a_system_prompt_leaves_no_replica_idle() {
     let ids = replica_ids(4);
     let replicas = fleet(&ids, &[]);
     let step = rl_step(6, 8, 16, 8);
-    for placed in [window(&step, &replicas).assignments, on_arrival(&step, &replicas)] {
+    for placed in [
+        window(&step, &replicas).assignments,
+        on_arrival(&step, &replicas),
+    ] {
         let counts = counts(&placed, 4);
         eprintln!("{counts:?} {:?}", spread(&step, &placed));
         assert!(counts.iter().all(|&c| (11..=13).contains(&c)), "{counts:?}");
@@ -171,12 +180,16 @@ fn a_conversation_stays_with_its_history_until_that_replica_is_much_busier() {
     let mut memory = memory(1_000_000, 0);
     // Turn one of a conversation (a 512-block history, 16,384 tokens) lands somewhere.
     let history = blocks(7, 0, 7, 512);
-    let first = window_with(&mut memory, &[history.clone()], &fleet(&ids, &[]));
+    let first = window_with(
+        &mut memory,
+        std::slice::from_ref(&history),
+        &fleet(&ids, &[]),
+    );
     let home = first.assignments[0].unwrap();
     // Its next turn goes back there...
     let next = blocks(7, 0, 7, 520);
     let replicas = fleet(&ids, &[]);
-    let plan = window_with(&mut memory, &[next.clone()], &replicas);
+    let plan = window_with(&mut memory, std::slice::from_ref(&next), &replicas);
     assert_eq!(plan.assignments[0], Some(home));
     assert_eq!(plan.reasons[0], Some(PlacementReason::Memory));
     // ... while its replica runs 100 more requests than the others (0.3 s of prefill saved
@@ -186,7 +199,7 @@ fn a_conversation_stays_with_its_history_until_that_replica_is_much_busier() {
         replicas[home].pace.busy.requests = requests;
         replicas
     };
-    let plan = window_with(&mut memory, &[next.clone()], &busy_home(100.0));
+    let plan = window_with(&mut memory, std::slice::from_ref(&next), &busy_home(100.0));
     assert_eq!(plan.assignments[0], Some(home));
     let plan = window_with(&mut memory, &[next], &busy_home(500.0));
     assert_ne!(plan.assignments[0], Some(home));

@@ -64,6 +64,7 @@ pub fn memory_stream_params(balance_by: BalanceBy) -> PlanParams {
         max_per_replica: Some(GROUP_SIZE),
         min_colocate_blocks: 0,
         balance_by,
+        ..PlanParams::default()
     }
 }
 

@@ -297,15 +297,12 @@ impl<'a> UnitPlacer<'a> {
             let held = self.matches.of(replica) as f64 * block_tokens;
             let uncached = blocks as f64 * block_tokens - held;
             let shared = held.min(pace.busy.prefill_tokens);
-            seconds(self.load[replica])
-                + (uncached - shared) * pace.speed.prefill_seconds_per_token
+            seconds(self.load[replica]) + (uncached - shared) * pace.speed.prefill_seconds_per_token
         };
         let mut best: Option<(f64, (u64, u32), usize)> = None;
         let consider = |replica: usize, best: &mut Option<(f64, (u64, u32), usize)>| {
             let rank = (cost(replica), self.key(replica), replica);
-            let lower = best
-                .as_ref()
-                .is_none_or(|b| (rank.0, rank.1) < (b.0, b.1));
+            let lower = best.as_ref().is_none_or(|b| (rank.0, rank.1) < (b.0, b.1));
             if lower {
                 *best = Some(rank);
             }
@@ -317,10 +314,7 @@ impl<'a> UnitPlacer<'a> {
         }
         let cold = blocks as f64 * block_tokens * self.fastest_prefill;
         for &(load, rank) in &self.under_k {
-            if best
-                .as_ref()
-                .is_some_and(|b| seconds(load) + cold > b.0)
-            {
+            if best.as_ref().is_some_and(|b| seconds(load) + cold > b.0) {
                 break;
             }
             consider(self.by_order[rank as usize] as usize, &mut best);
