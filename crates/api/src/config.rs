@@ -9,7 +9,7 @@ use std::fmt;
 
 use std::num::NonZeroUsize;
 
-use burst_prefix_planner::{BlockSpec, MemorySettings, PlanParams};
+use burst_prefix_planner::{BlockSpec, MemorySettings, PlanParams, Speed};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -24,14 +24,28 @@ pub const LOAD_HALF_LIFE_MS_MAX: i64 = 3_600_000;
 pub const LOAD_INTERVAL_MS_MAX: i64 = 60_000;
 
 /// How the planner balances load across replicas.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum BalanceBy {
     /// Count requests per replica.
-    #[default]
     Requests,
     /// Count blocks to prefill per replica; a prefix shared on a replica is charged once.
     Tokens,
+    /// Seconds: each request goes where it is predicted to be answered first, counting the time
+    /// it takes from the requests already there (docs/behaviour.md §4, "Time").
+    Time,
+}
+
+/// How requests are placed: together with the others of a short window, or each the moment it
+/// arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Placement {
+    /// Collected for windowDurationMs (sealed earlier on hints, idleSealMs or maxBatchSize) and
+    /// planned jointly, longest first.
+    Window,
+    /// Each request placed the moment it is read, from what is in flight (zero-wait).
+    OnArrival,
 }
 
 /// docs/behaviour.md §2: how requests are windowed, hashed and placed.
@@ -66,9 +80,18 @@ pub struct PlannerConfig {
     #[serde(default = "default_max_batch_size")]
     #[schemars(range(min = UNLIMITED))]
     pub max_batch_size: i64,
-    /// What load means when balancing: `requests` or `tokens`.
+    /// What load means when balancing: `requests`, `tokens` or `time`. Unset: `time` with
+    /// memory, `requests` without (a config without memory places exactly as llm-d does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance_by: Option<BalanceBy>,
+    /// `window` or `onArrival`. Unset: `onArrival` when windowDurationMs is 0, else the
+    /// default (docs/behaviour.md §3 says which and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// What the time cost (`balanceBy: time`) assumes of requests and replicas until the engines
+    /// say (their /metrics, with engines.loadIntervalMs).
     #[serde(default)]
-    pub balance_by: BalanceBy,
+    pub time: TimeConfig,
     /// Seal a window once no request arrived for this many milliseconds; 0 is off. At most
     /// windowDurationMs, which stays the upper bound of every wait.
     #[serde(default)]
@@ -86,6 +109,86 @@ pub struct PlannerConfig {
     /// they tokenize, how busy they are. All off by default.
     #[serde(default)]
     pub engines: EngineConfig,
+}
+
+/// docs/behaviour.md §4, "Time": the time cost's figures until each replica's own /metrics teach
+/// better ones. The defaults are Llama-3.1-8B on one H100 (BLIS's calibrated step model) and
+/// vLLM's default of 256 sequences; a replica's are learned from its metrics when
+/// engines.loadIntervalMs is set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TimeConfig {
+    /// The answer length expected of a request, in tokens (until learned: the mean of the
+    /// replicas' answers).
+    #[serde(default = "default_output_tokens")]
+    #[schemars(range(min = 1))]
+    pub output_tokens: i64,
+    /// Nanoseconds a replica takes per prompt token it does not cache.
+    #[serde(default = "default_prefill_nanos_per_token")]
+    #[schemars(range(min = 0))]
+    pub prefill_nanos_per_token: i64,
+    /// Nanoseconds every prefill takes besides its tokens.
+    #[serde(default = "default_prefill_overhead_nanos")]
+    #[schemars(range(min = 0))]
+    pub prefill_overhead_nanos: i64,
+    /// Nanoseconds per decode step with one sequence running.
+    #[serde(default = "default_decode_step_nanos")]
+    #[schemars(range(min = 1))]
+    pub decode_step_nanos: i64,
+    /// Nanoseconds each further running sequence adds to a decode step.
+    #[serde(default = "default_decode_step_nanos_per_sequence")]
+    #[schemars(range(min = 0))]
+    pub decode_step_nanos_per_sequence: i64,
+    /// Requests a replica runs at once (vLLM's --max-num-seqs); the next ones wait for a slot.
+    #[serde(default = "default_max_running")]
+    #[schemars(range(min = 1))]
+    pub max_running: i64,
+}
+
+fn default_output_tokens() -> i64 {
+    256
+}
+fn default_prefill_nanos_per_token() -> i64 {
+    (Speed::default().prefill_seconds_per_token * 1e9).round() as i64
+}
+fn default_prefill_overhead_nanos() -> i64 {
+    (Speed::default().prefill_overhead_seconds * 1e9).round() as i64
+}
+fn default_decode_step_nanos() -> i64 {
+    (Speed::default().decode_seconds_per_step * 1e9).round() as i64
+}
+fn default_decode_step_nanos_per_sequence() -> i64 {
+    (Speed::default().decode_seconds_per_step_per_sequence * 1e9).round() as i64
+}
+fn default_max_running() -> i64 {
+    Speed::default().max_running as i64
+}
+
+impl Default for TimeConfig {
+    fn default() -> Self {
+        TimeConfig {
+            output_tokens: default_output_tokens(),
+            prefill_nanos_per_token: default_prefill_nanos_per_token(),
+            prefill_overhead_nanos: default_prefill_overhead_nanos(),
+            decode_step_nanos: default_decode_step_nanos(),
+            decode_step_nanos_per_sequence: default_decode_step_nanos_per_sequence(),
+            max_running: default_max_running(),
+        }
+    }
+}
+
+impl TimeConfig {
+    /// A replica's speed until its own metrics say.
+    pub fn speed(&self) -> Speed {
+        let seconds = |nanos: i64| nanos.max(0) as f64 * 1e-9;
+        Speed {
+            prefill_seconds_per_token: seconds(self.prefill_nanos_per_token),
+            prefill_overhead_seconds: seconds(self.prefill_overhead_nanos),
+            decode_seconds_per_step: seconds(self.decode_step_nanos),
+            decode_seconds_per_step_per_sequence: seconds(self.decode_step_nanos_per_sequence),
+            max_running: self.max_running.max(1) as f64,
+        }
+    }
 }
 
 /// docs/behaviour.md §7: what the engines say about their own caches and load.
@@ -166,6 +269,9 @@ pub struct MemoryConfig {
 fn default_window_duration_ms() -> i64 {
     100
 }
+
+/// How requests are placed when the config does not say (docs/behaviour.md §3).
+pub const DEFAULT_PLACEMENT: Placement = Placement::Window;
 fn unlimited() -> i64 {
     UNLIMITED
 }
@@ -207,7 +313,9 @@ impl Default for PlannerConfig {
             max_prefix_tokens_to_match: 0,
             min_colocate_blocks: 0,
             max_batch_size: default_max_batch_size(),
-            balance_by: BalanceBy::Requests,
+            balance_by: None,
+            placement: None,
+            time: TimeConfig::default(),
             idle_seal_ms: 0,
             seal_on_hints: enabled(),
             memory: MemoryConfig::default(),
@@ -241,6 +349,13 @@ pub const RULES: &[Rule] = &[
         cel: "self.windowDurationMs >= 0 && self.windowDurationMs <= 10000",
         value: |c| c.window_duration_ms,
         holds: |c| (WINDOW_DURATION_MS_MIN..=WINDOW_DURATION_MS_MAX).contains(&c.window_duration_ms),
+    },
+    Rule {
+        field: "placement",
+        requirement: "must not be window when windowDurationMs is 0",
+        cel: "!has(self.placement) || self.placement != 'window' || !has(self.windowDurationMs) || self.windowDurationMs != 0",
+        value: |c| c.window_duration_ms,
+        holds: |c| c.placement != Some(Placement::Window) || c.window_duration_ms != 0,
     },
     Rule {
         field: "maxPerReplica",
@@ -327,6 +442,48 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        field: "time.outputTokens",
+        requirement: "must be >= 1",
+        cel: "!has(self.time) || !has(self.time.outputTokens) || self.time.outputTokens >= 1",
+        value: |c| c.time.output_tokens,
+        holds: |c| c.time.output_tokens >= 1,
+    },
+    Rule {
+        field: "time.prefillNanosPerToken",
+        requirement: "must be >= 0",
+        cel: "!has(self.time) || !has(self.time.prefillNanosPerToken) || self.time.prefillNanosPerToken >= 0",
+        value: |c| c.time.prefill_nanos_per_token,
+        holds: |c| c.time.prefill_nanos_per_token >= 0,
+    },
+    Rule {
+        field: "time.prefillOverheadNanos",
+        requirement: "must be >= 0",
+        cel: "!has(self.time) || !has(self.time.prefillOverheadNanos) || self.time.prefillOverheadNanos >= 0",
+        value: |c| c.time.prefill_overhead_nanos,
+        holds: |c| c.time.prefill_overhead_nanos >= 0,
+    },
+    Rule {
+        field: "time.decodeStepNanos",
+        requirement: "must be >= 1",
+        cel: "!has(self.time) || !has(self.time.decodeStepNanos) || self.time.decodeStepNanos >= 1",
+        value: |c| c.time.decode_step_nanos,
+        holds: |c| c.time.decode_step_nanos >= 1,
+    },
+    Rule {
+        field: "time.decodeStepNanosPerSequence",
+        requirement: "must be >= 0",
+        cel: "!has(self.time) || !has(self.time.decodeStepNanosPerSequence) || self.time.decodeStepNanosPerSequence >= 0",
+        value: |c| c.time.decode_step_nanos_per_sequence,
+        holds: |c| c.time.decode_step_nanos_per_sequence >= 0,
+    },
+    Rule {
+        field: "time.maxRunning",
+        requirement: "must be >= 1",
+        cel: "!has(self.time) || !has(self.time.maxRunning) || self.time.maxRunning >= 1",
+        value: |c| c.time.max_running,
+        holds: |c| c.time.max_running >= 1,
+    },
+    Rule {
         field: "engines.loadIntervalMs",
         requirement: "must be between 0 (off) and 60000",
         cel: "!has(self.engines) || !has(self.engines.loadIntervalMs) || (self.engines.loadIntervalMs >= 0 && self.engines.loadIntervalMs <= 60000)",
@@ -377,6 +534,23 @@ impl PlannerConfig {
         }
     }
 
+    /// What load means: `balanceBy`, else time with memory and requests without (llm-d's).
+    pub fn balance(&self) -> BalanceBy {
+        self.balance_by.unwrap_or(match self.memory.enabled {
+            true => BalanceBy::Time,
+            false => BalanceBy::Requests,
+        })
+    }
+
+    /// How requests are placed: `placement`, else on arrival when windowDurationMs is 0, else
+    /// [`DEFAULT_PLACEMENT`].
+    pub fn placement(&self) -> Placement {
+        self.placement.unwrap_or(match self.window_duration_ms {
+            0 => Placement::OnArrival,
+            _ => DEFAULT_PLACEMENT,
+        })
+    }
+
     /// The planner's view of a validated config.
     pub fn plan_params(&self) -> PlanParams {
         PlanParams {
@@ -384,10 +558,13 @@ impl PlannerConfig {
                 .ok()
                 .filter(|&k| k >= 1),
             min_colocate_blocks: usize::try_from(self.min_colocate_blocks).unwrap_or(0),
-            balance_by: match self.balance_by {
+            balance_by: match self.balance() {
                 BalanceBy::Requests => burst_prefix_planner::BalanceBy::Requests,
                 BalanceBy::Tokens => burst_prefix_planner::BalanceBy::Tokens,
+                BalanceBy::Time => burst_prefix_planner::BalanceBy::Time,
             },
+            block_tokens: u32::try_from(self.block_size_tokens).unwrap_or(u32::MAX).max(1),
+            output_tokens: u32::try_from(self.time.output_tokens).unwrap_or(u32::MAX).max(1),
         }
     }
 

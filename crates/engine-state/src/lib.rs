@@ -18,6 +18,7 @@ pub mod endpoints;
 pub mod index;
 pub mod load;
 pub mod sequence;
+pub mod speed;
 pub mod subscriber;
 pub mod tokenizer;
 pub mod vllm_hash;
@@ -29,6 +30,7 @@ pub use load::{
     parse_load, scrape_load, spawn_load_scraper, EngineLoad, LoadReport, LoadScraperConfig,
 };
 pub use sequence::{SeqStatus, SeqTracker};
+pub use speed::{parse_counters, Counters, SpeedLearner};
 pub use subscriber::{
     ClearReason, EngineUpdate, KvEventsMetrics, KvEventsSubscriber, SubscriberConfig, Topology,
 };

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use crate::endpoints::EngineEndpoint;
+use crate::speed::{parse_counters, Counters};
 
 /// One served model's load on one replica.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,12 +173,13 @@ impl ScrapeError {
     }
 }
 
-/// Scrapes one `/metrics` URL within `timeout` and parses the load.
+/// Scrapes one `/metrics` URL within `timeout` and parses the load, and the counters its speed
+/// is learned from (`crate::speed`).
 pub async fn scrape_load(
     client: &reqwest::Client,
     url: &str,
     timeout: Duration,
-) -> Result<Vec<EngineLoad>, ScrapeError> {
+) -> Result<(Vec<EngineLoad>, Counters), ScrapeError> {
     let fetch = async {
         let resp = client.get(url).send().await?;
         if !resp.status().is_success() {
@@ -192,7 +194,7 @@ pub async fn scrape_load(
     if load.is_empty() {
         return Err(ScrapeError::NoMetrics);
     }
-    Ok(load)
+    Ok((load, parse_counters(&text)))
 }
 
 /// How the scraper runs.
@@ -222,8 +224,8 @@ impl Default for LoadScraperConfig {
 pub struct LoadReport {
     /// The replica (endpoint) id.
     pub replica: String,
-    /// Its load per model, or why it could not be read.
-    pub load: Result<Vec<EngineLoad>, ScrapeError>,
+    /// Its load per model and its counters, or why they could not be read.
+    pub load: Result<(Vec<EngineLoad>, Counters), ScrapeError>,
 }
 
 /// Scrapes every endpoint of `endpoints` each interval (all at once, each within the timeout) and

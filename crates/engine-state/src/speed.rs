@@ -1,0 +1,379 @@
+//! Each replica's speed, learned from its own `/metrics` (docs/behaviour.md §7, "What the
+//! engines say"): how long its prefills take per uncached prompt token, how long a decode step
+//! takes with more or fewer sequences running, and how long its answers are. The time cost
+//! (`burst_prefix_planner::cost`) prices a replica with it, so replicas of different speed are
+//! priced right; until a replica has shown enough, the config's figures stand.
+//!
+//! From vLLM's counters (llm-d-inference-sim exports the same), between two scrapes:
+//! - prefill: `vllm:request_prefill_time_seconds` (sum and count) against the prompt tokens it
+//!   computed (`vllm:prompt_tokens_total` less `vllm:prefix_cache_hits_total`): a prefill takes
+//!   `overhead + p x computed tokens`;
+//! - decode: `vllm:request_decode_time_seconds` (sum, count) over the tokens decoded after each
+//!   first one (`vllm:generation_tokens_total` less the requests), at the mean of
+//!   `vllm:num_requests_running` at both scrapes: a step takes `d + g x running`;
+//! - answers: the tokens generated per finished request.
+//!
+//! Each line is fitted by least squares over the recent intervals, weighted by the requests or
+//! tokens they saw and forgetting older ones ([`FORGET`] per interval); where the intervals do not
+//! vary enough to tell the slope from the intercept, the prior's ratio of the two is kept.
+
+use burst_prefix_planner::Speed;
+
+use crate::load::parse_sample;
+
+/// What one scrape's counters say, summed over the replica's models and engines.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counters {
+    /// `vllm:request_prefill_time_seconds_sum`.
+    pub prefill_seconds: f64,
+    /// `vllm:request_prefill_time_seconds_count`.
+    pub prefill_requests: f64,
+    /// `vllm:prompt_tokens_total`.
+    pub prompt_tokens: f64,
+    /// `vllm:prefix_cache_hits_total` (tokens).
+    pub cached_prompt_tokens: f64,
+    /// `vllm:request_decode_time_seconds_sum`.
+    pub decode_seconds: f64,
+    /// `vllm:request_decode_time_seconds_count`.
+    pub decode_requests: f64,
+    /// `vllm:generation_tokens_total`.
+    pub generation_tokens: f64,
+    /// `vllm:num_requests_running` (a gauge).
+    pub running: f64,
+}
+
+/// The counters of a `/metrics` text (0 where a metric is absent).
+pub fn parse_counters(text: &str) -> Counters {
+    let mut counters = Counters::default();
+    for (name, _, value) in text.lines().filter_map(parse_sample) {
+        if !value.is_finite() {
+            continue;
+        }
+        let field = match name {
+            "vllm:request_prefill_time_seconds_sum" => &mut counters.prefill_seconds,
+            "vllm:request_prefill_time_seconds_count" => &mut counters.prefill_requests,
+            "vllm:prompt_tokens_total" => &mut counters.prompt_tokens,
+            "vllm:prefix_cache_hits_total" => &mut counters.cached_prompt_tokens,
+            "vllm:request_decode_time_seconds_sum" => &mut counters.decode_seconds,
+            "vllm:request_decode_time_seconds_count" => &mut counters.decode_requests,
+            "vllm:generation_tokens_total" => &mut counters.generation_tokens,
+            "vllm:num_requests_running" => &mut counters.running,
+            _ => continue,
+        };
+        *field += value;
+    }
+    counters
+}
+
+/// How much an interval's evidence counts one interval later.
+pub const FORGET: f64 = 0.9;
+
+/// Requests a fit needs to have seen (after forgetting) before it replaces the prior.
+const ENOUGH_REQUESTS: f64 = 8.0;
+
+/// One replica's learned speed.
+#[derive(Clone, Debug)]
+pub struct SpeedLearner {
+    prior: Speed,
+    last: Option<Counters>,
+    /// Prefill seconds per request against computed tokens per request, weighted by requests.
+    prefill: Line,
+    /// Seconds per decode step against sequences running, weighted by requests.
+    decode: Line,
+    /// Tokens per answer: (requests, tokens), forgetting alike.
+    answers: (f64, f64),
+}
+
+impl SpeedLearner {
+    /// A replica not heard yet: `prior` stands.
+    pub fn new(prior: Speed) -> Self {
+        SpeedLearner {
+            prior,
+            last: None,
+            prefill: Line::default(),
+            decode: Line::default(),
+            answers: (0.0, 0.0),
+        }
+    }
+
+    /// One scrape's counters. A counter that went back (the engine restarted) starts afresh
+    /// from it.
+    pub fn observe(&mut self, now: Counters) {
+        let Some(last) = self.last.replace(now) else {
+            return;
+        };
+        let d = |f: fn(&Counters) -> f64| f(&now) - f(&last);
+        let deltas = [
+            d(|c| c.prefill_seconds),
+            d(|c| c.prefill_requests),
+            d(|c| c.prompt_tokens),
+            d(|c| c.cached_prompt_tokens),
+            d(|c| c.decode_seconds),
+            d(|c| c.decode_requests),
+            d(|c| c.generation_tokens),
+        ];
+        if deltas.iter().any(|&delta| delta < 0.0) {
+            return;
+        }
+        let [prefill_seconds, prefills, prompt, cached, decode_seconds, decodes, generated] =
+            deltas;
+        self.prefill.forget();
+        self.decode.forget();
+        self.answers.0 *= FORGET;
+        self.answers.1 *= FORGET;
+        if prefills >= 1.0 {
+            let computed = (prompt - cached).max(0.0) / prefills;
+            self.prefill
+                .add(computed, prefill_seconds / prefills, prefills);
+        }
+        let steps = generated - decodes;
+        if decodes >= 1.0 && steps >= 1.0 {
+            let running = (last.running + now.running) / 2.0;
+            self.decode
+                .add(running.max(1.0), decode_seconds / steps, decodes);
+            self.answers.0 += decodes;
+            self.answers.1 += generated;
+        }
+    }
+
+    /// The speed as learned so far, the prior's where too little was seen.
+    pub fn speed(&self) -> Speed {
+        let prior = self.prior;
+        let mut speed = prior;
+        if let Some((overhead, per_token)) = self.prefill.fit(
+            prior.prefill_overhead_seconds,
+            prior.prefill_seconds_per_token,
+        ) {
+            speed.prefill_overhead_seconds = overhead;
+            speed.prefill_seconds_per_token = per_token;
+        }
+        if let Some((step, per_sequence)) = self.decode.fit(
+            prior.decode_seconds_per_step,
+            prior.decode_seconds_per_step_per_sequence,
+        ) {
+            speed.decode_seconds_per_step = step;
+            speed.decode_seconds_per_step_per_sequence = per_sequence;
+        }
+        speed
+    }
+
+    /// The mean answer length, in tokens, once enough answers were seen.
+    pub fn output_tokens(&self) -> Option<f64> {
+        let (requests, tokens) = self.answers;
+        (requests >= ENOUGH_REQUESTS).then(|| tokens / requests)
+    }
+}
+
+/// A weighted least-squares line `y = a + b x` over forgotten sums.
+#[derive(Clone, Copy, Debug, Default)]
+struct Line {
+    w: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+impl Line {
+    fn forget(&mut self) {
+        for sum in [
+            &mut self.w,
+            &mut self.x,
+            &mut self.y,
+            &mut self.xx,
+            &mut self.xy,
+        ] {
+            *sum *= FORGET;
+        }
+    }
+
+    fn add(&mut self, x: f64, y: f64, weight: f64) {
+        self.w += weight;
+        self.x += weight * x;
+        self.y += weight * y;
+        self.xx += weight * x * x;
+        self.xy += weight * x * y;
+    }
+
+    /// `(a, b)`, both at least 0, once enough was seen; where x hardly varied, the line through
+    /// the mean whose b/a is the prior's.
+    fn fit(&self, prior_a: f64, prior_b: f64) -> Option<(f64, f64)> {
+        if self.w < ENOUGH_REQUESTS {
+            return None;
+        }
+        let (mean_x, mean_y) = (self.x / self.w, self.y / self.w);
+        let variance = self.xx / self.w - mean_x * mean_x;
+        // x must vary by a tenth of its mean (and by something) to tell b from a.
+        if variance > (0.1 * mean_x).powi(2).max(1e-9) {
+            let b = (self.xy / self.w - mean_x * mean_y) / variance;
+            let a = mean_y - b * mean_x;
+            if a >= 0.0 && b >= 0.0 {
+                return Some((a, b));
+            }
+        }
+        // y = a (1 + r x) with the prior's r = b / a.
+        let ratio = if prior_a > 0.0 {
+            prior_b / prior_a
+        } else {
+            0.0
+        };
+        let a = mean_y / (1.0 + ratio * mean_x);
+        Some((a, a * ratio))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counters of a replica whose prefill takes `overhead + p x tokens` and decode step
+    /// `d + g x running`, after `intervals` intervals of varied load.
+    fn run(learner: &mut SpeedLearner, truth: Speed, intervals: usize, vary: bool) {
+        let mut c = Counters {
+            running: if vary { 4.0 } else { 8.0 },
+            ..Counters::default()
+        };
+        learner.observe(c);
+        for i in 0..intervals {
+            let requests = 10.0;
+            let computed = if vary {
+                200.0 + 300.0 * (i % 4) as f64
+            } else {
+                1_000.0
+            };
+            let running = if vary {
+                4.0 + 10.0 * (i % 3) as f64
+            } else {
+                8.0
+            };
+            let answer = 100.0;
+            c.prefill_requests += requests;
+            c.prefill_seconds += requests
+                * (truth.prefill_overhead_seconds + truth.prefill_seconds_per_token * computed);
+            c.prompt_tokens += requests * (computed + 50.0);
+            c.cached_prompt_tokens += requests * 50.0;
+            c.decode_requests += requests;
+            c.generation_tokens += requests * answer;
+            c.decode_seconds += requests
+                * (answer - 1.0)
+                * (truth.decode_seconds_per_step
+                    + truth.decode_seconds_per_step_per_sequence * running);
+            c.running = running;
+            learner.observe(c);
+        }
+    }
+
+    fn a100() -> Speed {
+        Speed {
+            prefill_seconds_per_token: 50.15e-6,
+            prefill_overhead_seconds: 24.18e-3,
+            decode_seconds_per_step: 16.46e-3,
+            decode_seconds_per_step_per_sequence: 18.2e-6,
+            max_running: 256.0,
+        }
+    }
+
+    fn close(a: f64, b: f64, tolerance: f64) -> bool {
+        (a - b).abs() <= tolerance * b.abs()
+    }
+
+    #[test]
+    fn the_prior_stands_until_enough_is_seen() {
+        let learner = SpeedLearner::new(Speed::default());
+        assert_eq!(learner.speed(), Speed::default());
+        assert_eq!(learner.output_tokens(), None);
+    }
+
+    #[test]
+    fn a_slower_replica_is_learned_from_its_counters() {
+        let mut learner = SpeedLearner::new(Speed::default());
+        run(&mut learner, a100(), 12, true);
+        let speed = learner.speed();
+        let truth = a100();
+        assert!(
+            close(
+                speed.prefill_seconds_per_token,
+                truth.prefill_seconds_per_token,
+                0.05
+            ),
+            "{speed:?}"
+        );
+        assert!(
+            close(
+                speed.prefill_overhead_seconds,
+                truth.prefill_overhead_seconds,
+                0.05
+            ),
+            "{speed:?}"
+        );
+        assert!(
+            close(
+                speed.decode_seconds_per_step,
+                truth.decode_seconds_per_step,
+                0.05
+            ),
+            "{speed:?}"
+        );
+        assert!(
+            close(
+                speed.decode_seconds_per_step_per_sequence,
+                truth.decode_seconds_per_step_per_sequence,
+                0.1
+            ),
+            "{speed:?}"
+        );
+        assert_eq!(speed.max_running, Speed::default().max_running);
+        assert!(close(learner.output_tokens().unwrap(), 100.0, 1e-9));
+    }
+
+    #[test]
+    fn steady_load_keeps_the_priors_ratios_and_scales_to_what_it_saw() {
+        let mut learner = SpeedLearner::new(Speed::default());
+        run(&mut learner, a100(), 12, false);
+        let speed = learner.speed();
+        let truth = a100();
+        // The means are right: a prefill of 1,000 tokens, a step beside 8 sequences.
+        let prefill =
+            |s: &Speed| s.prefill_overhead_seconds + 1_000.0 * s.prefill_seconds_per_token;
+        let step =
+            |s: &Speed| s.decode_seconds_per_step + 8.0 * s.decode_seconds_per_step_per_sequence;
+        assert!(close(prefill(&speed), prefill(&truth), 1e-6), "{speed:?}");
+        assert!(close(step(&speed), step(&truth), 1e-6), "{speed:?}");
+    }
+
+    #[test]
+    fn a_restarted_engine_is_not_read_as_negative_work() {
+        let mut learner = SpeedLearner::new(Speed::default());
+        run(&mut learner, a100(), 12, true);
+        let learned = learner.speed();
+        learner.observe(Counters::default());
+        assert_eq!(learner.speed(), learned);
+    }
+
+    #[test]
+    fn counters_are_summed_over_models_and_engines() {
+        let text = "vllm:request_prefill_time_seconds_sum{engine=\"0\",model_name=\"m\"} 1.5\n\
+                    vllm:request_prefill_time_seconds_sum{engine=\"1\",model_name=\"m\"} 0.5\n\
+                    vllm:request_prefill_time_seconds_count{model_name=\"m\"} 4\n\
+                    vllm:prompt_tokens_total{model_name=\"m\"} 4000\n\
+                    vllm:prefix_cache_hits_total{model_name=\"m\"} 1000\n\
+                    vllm:request_decode_time_seconds_sum{model_name=\"m\"} 2\n\
+                    vllm:request_decode_time_seconds_count{model_name=\"m\"} 4\n\
+                    vllm:generation_tokens_total{model_name=\"m\"} 404\n\
+                    vllm:num_requests_running{model_name=\"m\"} 3\n\
+                    vllm:request_prefill_time_seconds_bucket{le=\"0.1\",model_name=\"m\"} 2\n";
+        assert_eq!(
+            parse_counters(text),
+            Counters {
+                prefill_seconds: 2.0,
+                prefill_requests: 4.0,
+                prompt_tokens: 4000.0,
+                cached_prompt_tokens: 1000.0,
+                decode_seconds: 2.0,
+                decode_requests: 4.0,
+                generation_tokens: 404.0,
+                running: 3.0,
+            }
+        );
+    }
+}
