@@ -41,7 +41,7 @@ test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 # targets' own tests. A few minutes when warm; `make test` stays the one full command.
 check: lint
 	$(CARGO) test --workspace --locked --exclude burst-prefix-integration-tests
-	$(CARGO) test --locked -p burst-prefix-integration-tests --test build_scripts
+	$(CARGO) test --locked -p burst-prefix-integration-tests --test build_scripts --test architecture
 	$(CARGO) test --locked --manifest-path fuzz/Cargo.toml
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.

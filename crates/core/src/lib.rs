@@ -1,6 +1,7 @@
 //! The producer's core (`burst-prefix-core`): every rule a request meets, and no front-end.
 //!
-//! A request's path is four stages, in the order [`path`] writes them (docs/architecture.md):
+//! A request's path through a [`Producer`] is four stages, in the order [`path`] writes them
+//! (docs/architecture.md):
 //! [`admit`] (does this producer take it; its body under the limits), [`read`] (parsed, hinted,
 //! tokenized, hashed, once), [`place`] (the window or on arrival; one function builds the
 //! placement and counts its outcome) and [`route`] (where it goes, and the handle its front-end

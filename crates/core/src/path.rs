@@ -245,18 +245,35 @@ impl Producer {
             leading: self.leading(),
             closed: self.is_closed(),
         };
-        let hints = admit::admit(door, headers).map_err(|error| self.refuse(error))?;
+        let (hints, body) = admit::admit(door, headers, self.limits, self.budget.empty())
+            .map_err(|error| self.refuse(error))?;
         Ok(Admission {
             producer: self.clone(),
             hints,
-            body: BodyReader::new(self.limits, self.budget.empty()),
+            body,
             bound: None,
         })
     }
 
-    /// [`Producer::admit`] with an HTTP request's headers.
-    pub fn admit_http(&self, headers: &http::HeaderMap) -> Result<Admission, Refused> {
-        self.admit(|name| headers.get(name).map(|value| value.as_bytes()))
+    /// Stage 1 for an HTTP request: [`Producer::admit`] with its headers, then its whole body
+    /// read, frame by frame ([`Admission::read_http`]); `within`: the front-end's bound on the
+    /// whole request ([`Admission::within`]).
+    pub async fn admit_http<B>(
+        &self,
+        headers: &http::HeaderMap,
+        body: B,
+        within: Option<Duration>,
+    ) -> Result<Admission, Refused>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let mut admission = self.admit(|name| headers.get(name).map(|value| value.as_bytes()))?;
+        if let Some(limit) = within {
+            admission = admission.within(limit);
+        }
+        admission.read_http(body).await?;
+        Ok(admission)
     }
 
     /// The path of a request routed without a prompt: stage 4 only, at most `count` usable

@@ -66,8 +66,10 @@ async fn place_and_send(
     peer: Option<IpAddr>,
     body: Body,
 ) -> Result<Response, ProxyError> {
-    let mut admission = upstreams.producer().admit_http(&headers)?;
-    admission.read_http(body).await?;
+    let admission = upstreams
+        .producer()
+        .admit_http(&headers, body, None)
+        .await?;
     let placed = admission.place(None, KeepBody::Keep).await?;
     let routed = placed.route(upstreams.retries())?;
     let request = Outgoing {

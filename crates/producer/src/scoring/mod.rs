@@ -146,8 +146,9 @@ async fn produce(
             return Err(producer.refuse(error.into()).into());
         }
     };
-    let mut admission = producer.admit_http(&headers)?.within(request_timeout);
-    admission.read_http(body).await?;
+    let admission = producer
+        .admit_http(&headers, body, Some(request_timeout))
+        .await?;
     let placed = admission.place(None, KeepBody::Drop).await?;
     Ok(Json(ProduceResponse::new(placed.placement(), shown)))
 }

@@ -36,8 +36,8 @@ mod namespaces;
 pub use namespaces::enter_namespaces;
 
 use cgroups::Cgroups;
-use host::{path_with, toml_string, which, write};
-use namespaces::{ensure_own_network_namespace, setup_network, unmount_under};
+use host::{path_with, run, toml_string, which, write};
+use namespaces::{ensure_own_network_namespace, unmount_under};
 
 use crate::control_plane::{
     block_on_own_runtime, flag, InCluster, KUBERNETES_SERVICE_IP, SERVICE_CLUSTER_IP_RANGE,
@@ -542,4 +542,20 @@ impl Drop for Node {
         unmount_under(self.dir.path());
         self.cgroups.remove();
     }
+}
+
+/// The bridge with the node's address, forwarding on (pods reach Services through the node),
+/// and the Service range routed to the bridge so that the node itself reaches ClusterIPs too.
+fn setup_network() -> Result<(), Error> {
+    let address = format!("{NODE_IP}/24");
+    run(Command::new("ip").args(["link", "add", BRIDGE, "type", "bridge"]))?;
+    run(Command::new("ip").args(["addr", "add", &address, "dev", BRIDGE]))?;
+    run(Command::new("ip").args(["link", "set", BRIDGE, "up"]))?;
+    run(Command::new("ip").args(["route", "add", SERVICE_CLUSTER_IP_RANGE, "dev", BRIDGE]))?;
+    // Both are per network namespace: these are the node's own.
+    write(Path::new("/proc/sys/net/ipv4/ip_forward"), "1")?;
+    write(
+        Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables"),
+        "1",
+    )
 }

@@ -9,9 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 
-use super::host::{run, write};
-use super::{BRIDGE, NODE_IP};
-use crate::{Error, SERVICE_CLUSTER_IP_RANGE};
+use super::host::run;
+use crate::Error;
 
 /// Moves this process into new network and mount namespaces (see the module documentation).
 /// Call it first in the test's `main` (`harness = false`), while the process has one thread:
@@ -72,22 +71,6 @@ pub(super) fn ensure_own_network_namespace() -> Result<(), Error> {
             logs: String::new(),
         })
     }
-}
-
-/// The bridge with the node's address, forwarding on (pods reach Services through the node),
-/// and the Service range routed to the bridge so that the node itself reaches ClusterIPs too.
-pub(super) fn setup_network() -> Result<(), Error> {
-    let address = format!("{NODE_IP}/24");
-    run(Command::new("ip").args(["link", "add", BRIDGE, "type", "bridge"]))?;
-    run(Command::new("ip").args(["addr", "add", &address, "dev", BRIDGE]))?;
-    run(Command::new("ip").args(["link", "set", BRIDGE, "up"]))?;
-    run(Command::new("ip").args(["route", "add", SERVICE_CLUSTER_IP_RANGE, "dev", BRIDGE]))?;
-    // Both are per network namespace: these are the node's own.
-    write(Path::new("/proc/sys/net/ipv4/ip_forward"), "1")?;
-    write(
-        Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables"),
-        "1",
-    )
 }
 
 /// Detaches every mount under `dir`, deepest first (volumes, root filesystems, pod network
