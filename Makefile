@@ -36,10 +36,12 @@ test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 	@tests/vllm/summary.sh "$(BURST_PREFIX_REAL_ENGINE_TESTS_LOG)"
 
 # The fast inner loop: fmt, clippy and every test that needs nothing but cargo (no control plane,
-# node, images, Python or engine: those tests are all in the tests/ crate), and the fuzz
+# node, images, Python or engine: those tests are all in the tests/ crate, but for the two that
+# need only cargo and bash: the build scripts' checks and the architecture's), and the fuzz
 # targets' own tests. A few minutes when warm; `make test` stays the one full command.
 check: lint
 	$(CARGO) test --workspace --locked --exclude burst-prefix-integration-tests
+	$(CARGO) test --locked -p burst-prefix-integration-tests --test build_scripts --test architecture
 	$(CARGO) test --locked --manifest-path fuzz/Cargo.toml
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.

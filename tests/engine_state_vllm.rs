@@ -4,8 +4,9 @@
 //!
 //! Each test holds the engine lock: at most two servers run at once.
 
-#[path = "engine/vllm_server.rs"]
 mod common;
+#[path = "engine/vllm_server.rs"]
+mod vllm;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -21,9 +22,10 @@ use burst_prefix_engine_state::{
     EngineEndpoint, EngineIndex, EngineUpdate, IndexConfig, KvEventsMetrics, KvEventsSubscriber,
     SubscriberConfig, Topology,
 };
-use common::{engine_test, free_port, model_dir, Vllm, VllmOptions};
+use common::runtime;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
+use vllm::{engine_test, free_port, model_dir, Vllm, VllmOptions};
 
 /// What the test's consumer of the subscriber has seen.
 #[derive(Default)]
@@ -76,14 +78,6 @@ async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     check()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn endpoint(id: &str, vllm: &Vllm) -> EngineEndpoint {
@@ -651,7 +645,7 @@ fn a_gap_in_sequence_numbers_is_replayed_and_without_replay_the_replica_is_clear
     // short cut loses nothing there.)
     let sockets = tempfile::tempdir().unwrap();
     let dir = sockets.path().display().to_string();
-    let relay = rt.block_on(common::Relay::start(format!("unix:{dir}/events.sock")));
+    let relay = rt.block_on(vllm::Relay::start(format!("unix:{dir}/events.sock")));
     let vllm = Vllm::start(VllmOptions {
         port: free_port(),
         kv_events: Some(json!({

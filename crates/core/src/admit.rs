@@ -144,11 +144,14 @@ pub(crate) struct Door {
 }
 
 /// Admits a request: refused at once by a follower or a producer shutting down, or for a bad
-/// hint header; else its headers' hints.
+/// hint header; else its headers' hints and the reader its body is fed to (under `limits`, its
+/// bytes taken into `reserved`).
 pub(crate) fn admit<'a>(
     door: Door,
     headers: impl Fn(&str) -> Option<&'a [u8]>,
-) -> Result<Hints, PlaceError> {
+    limits: Limits,
+    reserved: Reserved,
+) -> Result<(Hints, BodyReader), PlaceError> {
     if !door.leading {
         // Windows are the leader's: a follower that planned too would split bursts.
         return Err(PlaceError::NotLeader);
@@ -156,7 +159,8 @@ pub(crate) fn admit<'a>(
     if door.closed {
         return Err(PlaceError::ShuttingDown);
     }
-    Ok(Hints::from_headers(headers)?)
+    let hints = Hints::from_headers(headers)?;
+    Ok((hints, BodyReader::new(limits, reserved)))
 }
 
 /// A request's body, read a chunk at a time under the limits (docs/behaviour.md §11).
@@ -397,9 +401,12 @@ mod tests {
     #[test]
     fn a_follower_or_a_closing_producer_admits_nothing() {
         let none = |_: &str| None;
-        let door = |leading, closed| Door { leading, closed };
-        assert_eq!(admit(door(false, false), none), Err(PlaceError::NotLeader));
-        assert_eq!(admit(door(true, true), none), Err(PlaceError::ShuttingDown));
-        assert_eq!(admit(door(true, false), none), Ok(Hints::default()));
+        let admitted = |leading, closed| {
+            let reserved = ByteBudget::new(usize::MAX).empty();
+            admit(Door { leading, closed }, none, Limits::default(), reserved).map(|(h, _)| h)
+        };
+        assert_eq!(admitted(false, false), Err(PlaceError::NotLeader));
+        assert_eq!(admitted(true, true), Err(PlaceError::ShuttingDown));
+        assert_eq!(admitted(true, false), Ok(Hints::default()));
     }
 }

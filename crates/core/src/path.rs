@@ -1,4 +1,6 @@
-//! The request's path through the core, in order, written here once (docs/architecture.md):
+//! The producer ([`Producer`]: the config in force, the two placers, what it knows live of each
+//! endpoint, the metrics) and the request's path through it, in order, written here once
+//! (docs/architecture.md):
 //!
 //! 1. **admit** ([`crate::admit`]): [`Producer::admit`] refuses at once as a follower or while
 //!    shutting down, and reads the headers' hints; the front-end then feeds the body to the
@@ -17,17 +19,189 @@
 //! without a prompt (`GET /v1/models`, a body-less request at the endpoint picker) takes the
 //! short path, [`Producer::route_by_load`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::Body;
 
-use crate::admit::{self, BodyReader, Door, Hints, WholeBody};
+use crate::admit::{self, BodyReader, Door, Hints, Limits, WholeBody};
+use crate::budget::{self, ByteBudget};
+use crate::config_store::{ConfigOrigin, ConfigStore, Snapshot};
+use crate::engines::Engines;
 use crate::error::{PlaceError, Refused};
+use crate::live::LiveEndpoints;
+use crate::metrics::{Metrics, Outcome};
+use crate::place::memory::CacheModels;
+use crate::place::on_arrival::Arrivals;
+use crate::place::window::Window;
 use crate::place::{self, NotPlaced, Placement, RequestBound, ToPlace};
 use crate::read;
 use crate::route::{self, Handle};
-use crate::Producer;
+
+/// One running producer: the config in force, the two placers, what it knows live of each
+/// endpoint, and the metrics. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Producer {
+    store: Arc<ConfigStore>,
+    window: Arc<Window>,
+    arrivals: Arc<Arrivals>,
+    live: Arc<LiveEndpoints>,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    /// What requests hold before they are placed (`--max-window-bytes`).
+    budget: Arc<ByteBudget>,
+    /// What the engines say themselves: blocks held, tokenizer, load.
+    engines: Arc<Engines>,
+    /// Whether this replica leads (docs/behaviour.md §10); true unless leader election says
+    /// otherwise.
+    leading: Arc<AtomicBool>,
+    /// Set once the producer shuts down: nothing more is admitted or placed.
+    closed: Arc<AtomicBool>,
+}
+
+impl Producer {
+    /// A producer with no config yet; a config source fills it through [`Producer::config_store`].
+    pub fn new(origin: ConfigOrigin, limits: Limits) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let store = Arc::new(ConfigStore::new(origin, metrics.clone()));
+        let live = Arc::new(LiveEndpoints::default());
+        let budget = ByteBudget::new(limits.max_window_bytes);
+        let engines = Arc::new(Engines::new(metrics.registry()));
+        let models = Arc::new(Mutex::new(CacheModels::new(
+            metrics.registry(),
+            engines.clone(),
+        )));
+        let closed = Arc::new(AtomicBool::new(false));
+        let window = Window::new(
+            store.clone(),
+            live.clone(),
+            metrics.registry(),
+            budget.clone(),
+            models.clone(),
+        );
+        let arrivals = Arc::new(Arrivals::new(models, live.clone(), closed.clone()));
+        Producer {
+            store,
+            window,
+            arrivals,
+            live,
+            metrics,
+            limits,
+            budget,
+            engines,
+            leading: Arc::new(AtomicBool::new(true)),
+            closed,
+        }
+    }
+
+    /// A producer serving `yaml` (a valid producer config) from the start: for the demo, tests
+    /// and benches.
+    pub fn with_config(yaml: &str, limits: Limits) -> Result<Self, String> {
+        let producer = Producer::new(ConfigOrigin::Demo, limits);
+        producer.store.apply_text(yaml).map_err(|e| e.to_string())?;
+        Ok(producer)
+    }
+
+    /// Where config sources deliver the config.
+    pub fn config_store(&self) -> &Arc<ConfigStore> {
+        &self.store
+    }
+
+    /// The config in force, if one was accepted.
+    pub fn config(&self) -> Option<Arc<Snapshot>> {
+        self.store.current()
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What the engines say themselves, for the feeds that tell it (KV events, load) and the
+    /// reset call.
+    pub fn engines(&self) -> &Arc<Engines> {
+        &self.engines
+    }
+
+    /// An empty reservation in the budget of what requests hold before they are placed, for
+    /// bytes a front-end holds outside a request's body (the endpoint picker's messages in
+    /// transit).
+    pub fn reserve(&self) -> budget::Reserved {
+        self.budget.empty()
+    }
+
+    /// A reader for a body that is not an inference request (`POST /v1/plan`, a memory reset)
+    /// under the same limits and budget; its refusals are not request outcomes.
+    pub fn body_reader(&self) -> BodyReader {
+        BodyReader::new(self.limits, self.budget.empty())
+    }
+
+    /// Ready: a valid config with at least one endpoint is in force, this replica leads, and
+    /// it is not shutting down.
+    pub fn ready(&self) -> bool {
+        self.readiness().is_ok()
+    }
+
+    /// Why this producer is not ready, if it is not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.is_closed() {
+            Err("shutting down".into())
+        } else if !self.leading() {
+            Err("a follower: another replica holds the Lease and serves".into())
+        } else if !self.store.ready() {
+            Err("no valid config with at least one endpoint is loaded".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+
+    /// Leader election says whether this replica leads. A follower refuses requests
+    /// (`not_leader`) and keeps its config current.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Relaxed);
+        self.metrics.leading.set(i64::from(leading));
+    }
+
+    /// The open window's id and live request count, if one is open.
+    pub fn open_window(&self) -> Option<(u64, usize)> {
+        self.window.open_requests()
+    }
+
+    /// True once [`Producer::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Refuses new requests from now on, and seals, plans and answers the open window.
+    pub async fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.window.close().await;
+    }
+
+    /// Counts a front-end's refusal of a request (one it could not read, or will not route);
+    /// with the path's stages, the only way to a [`Refused`].
+    pub fn refuse(&self, error: PlaceError) -> Refused {
+        self.metrics.request(Outcome::Rejected);
+        if matches!(error, PlaceError::Abandoned) {
+            tracing::error!(%error, "internal error");
+        }
+        Refused::counted(error)
+    }
+
+    /// Requests in flight through endpoint `id` now.
+    pub fn in_flight(&self, id: &str) -> u64 {
+        self.live.in_flight(id)
+    }
+}
 
 /// A request admitted, its body being read.
 pub struct Admission {
@@ -71,18 +245,35 @@ impl Producer {
             leading: self.leading(),
             closed: self.is_closed(),
         };
-        let hints = admit::admit(door, headers).map_err(|error| self.refuse(error))?;
+        let (hints, body) = admit::admit(door, headers, self.limits, self.budget.empty())
+            .map_err(|error| self.refuse(error))?;
         Ok(Admission {
             producer: self.clone(),
             hints,
-            body: BodyReader::new(self.limits, self.budget.empty()),
+            body,
             bound: None,
         })
     }
 
-    /// [`Producer::admit`] with an HTTP request's headers.
-    pub fn admit_http(&self, headers: &http::HeaderMap) -> Result<Admission, Refused> {
-        self.admit(|name| headers.get(name).map(|value| value.as_bytes()))
+    /// Stage 1 for an HTTP request: [`Producer::admit`] with its headers, then its whole body
+    /// read, frame by frame ([`Admission::read_http`]); `within`: the front-end's bound on the
+    /// whole request ([`Admission::within`]).
+    pub async fn admit_http<B>(
+        &self,
+        headers: &http::HeaderMap,
+        body: B,
+        within: Option<Duration>,
+    ) -> Result<Admission, Refused>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let mut admission = self.admit(|name| headers.get(name).map(|value| value.as_bytes()))?;
+        if let Some(limit) = within {
+            admission = admission.within(limit);
+        }
+        admission.read_http(body).await?;
+        Ok(admission)
     }
 
     /// The path of a request routed without a prompt: stage 4 only, at most `count` usable
@@ -231,18 +422,18 @@ impl Placed {
             mut placement,
             body,
         } = self;
-        let arrival = placement.arrival.take();
+        let finish = placement.finish.take();
         let Some(route) =
             route::of_placement(&producer.live, &placement, fallbacks, Instant::now())
         else {
             // Not sent anywhere: finished at once.
-            if let Some(arrival) = arrival {
-                arrival.finish();
+            if let Some(finish) = finish {
+                finish.finish();
             }
             return Err(producer.refuse(PlaceError::NoEligibleEndpoint));
         };
         Ok(Routed {
-            handle: Handle::new(route, producer.live.clone(), arrival),
+            handle: Handle::new(route, producer.live.clone(), finish),
             placement,
             body,
         })

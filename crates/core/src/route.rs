@@ -19,8 +19,7 @@ use burst_prefix_api::Endpoint;
 
 use crate::config_store::Snapshot;
 use crate::live::{Attempted, CoolDown, CooldownReason, Counted, LiveEndpoints};
-use crate::place::on_arrival::ArrivalTicket;
-use crate::place::Placement;
+use crate::place::{Completion, Placement};
 
 /// The endpoints to send a request to, in order: the pick, then fallbacks.
 #[derive(Clone, Debug)]
@@ -57,21 +56,17 @@ pub struct Handle {
     live: Arc<LiveEndpoints>,
     /// Counted in flight on this endpoint.
     sending_to: Option<(String, Counted)>,
-    arrival: Option<ArrivalTicket>,
+    finish: Option<Completion>,
 }
 
 impl Handle {
     /// A handle on `route`, counted in flight on its first endpoint from now.
-    pub(crate) fn new(
-        route: Route,
-        live: Arc<LiveEndpoints>,
-        arrival: Option<ArrivalTicket>,
-    ) -> Self {
+    pub(crate) fn new(route: Route, live: Arc<LiveEndpoints>, finish: Option<Completion>) -> Self {
         let mut handle = Handle {
             route,
             live,
             sending_to: None,
-            arrival,
+            finish,
         };
         let first = handle.route.first().id.clone();
         handle.send_to(&first);
@@ -126,8 +121,8 @@ impl Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.sending_to = None;
-        if let Some(arrival) = self.arrival.take() {
-            arrival.finish();
+        if let Some(finish) = self.finish.take() {
+            finish.finish();
         }
     }
 }
@@ -249,7 +244,7 @@ mod tests {
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(ProducerConfig::from_yaml(&yaml).unwrap(), 1)),
             memory: None,
-            arrival: None,
+            finish: None,
         }
     }
 

@@ -176,14 +176,14 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    fn plan(value: Value) -> Result<PlanOutput, PlanError> {
+    fn plan_json(value: Value) -> Result<PlanOutput, PlanError> {
         let json = value.to_string();
         plan_input(&PlanInput::parse(json.as_bytes())?, &PlanBounds::NONE)
     }
 
     #[test]
     fn identical_prompts_share_an_endpoint() {
-        let output = plan(json!({
+        let output = plan_json(json!({
             "config": {"maxPerReplica": 2},
             "replicas": [{"id": "ns/b-rank-0"}, {"id": "ns/a-rank-0", "runningRequests": 1}],
             "requests": [
@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn endpoint_lists_limit_the_candidates() {
-        let output = plan(json!({
+        let output = plan_json(json!({
             "replicas": [{"id": "a"}, {"id": "b"}],
             "requests": [
                 {"id": "r1", "body": {"model": "m", "prompt": [1, 2, 3]}},
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_request_and_field() {
-        let err = plan(json!({
+        let err = plan_json(json!({
             "replicas": [{"id": "a"}],
             "requests": [{"id": "r1", "body": {"model": "m", "prompt": "x"}}, {"id": "r2", "body": {"prompt": "x"}}],
         }))
@@ -238,7 +238,7 @@ mod tests {
             err.to_string(),
             "requests[1].body: `model` is missing (required)"
         );
-        let err = plan(json!({
+        let err = plan_json(json!({
             "config": {"windowDurationMs": -1},
             "replicas": [],
             "requests": [],
@@ -249,7 +249,7 @@ mod tests {
             "invalid config: windowDurationMs is -1, but must be 0 (zero-wait) or between 1 and 10000"
         );
         let err =
-            plan(json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []})).unwrap_err();
+            plan_json(json!({"replicas": [{"id": "a"}, {"id": "a"}], "requests": []})).unwrap_err();
         assert_eq!(err.to_string(), "replicas: duplicate id \"a\"");
         let input = json!({"replicas": [{"id": "a"}, {"id": "b"}], "requests": [
             {"id": "r", "body": {"model": "m", "prompt": "x"}},
@@ -278,13 +278,13 @@ mod tests {
             plan_input(&input, &bounds(None, 10, &|| true)),
             Err(PlanError::Abandoned)
         ));
-        let err = plan(json!({"replicas": [{"id": 1}], "requests": []})).unwrap_err();
+        let err = plan_json(json!({"replicas": [{"id": 1}], "requests": []})).unwrap_err();
         assert_eq!(
             err.to_string(),
             "replicas[0].id: expected a string, got a number"
         );
         let err =
-            plan(json!({"replicas": [], "requests": [{"id": "r", "body": [1]}]})).unwrap_err();
+            plan_json(json!({"replicas": [], "requests": [{"id": "r", "body": [1]}]})).unwrap_err();
         assert_eq!(
             err.to_string(),
             "requests[0].body: expected a JSON object, got an array"

@@ -31,7 +31,6 @@ use crate::config_store::Snapshot;
 use crate::error::PlaceError;
 use crate::metrics::{Metrics, Outcome};
 use crate::read::HashedRequest;
-use on_arrival::ArrivalTicket;
 
 /// Places one request at a time: the window (many at once, when sealed) or on arrival.
 pub trait Placer {
@@ -67,7 +66,8 @@ pub struct Decision {
     /// From joining to being released.
     pub waited: Duration,
     pub memory: Option<RequestHeld>,
-    pub arrival: Option<ArrivalTicket>,
+    /// Placed on arrival: what takes it off the work in flight.
+    pub finish: Option<Completion>,
 }
 
 /// Why a placer did not place a request.
@@ -142,7 +142,7 @@ pub async fn place<P: Placer>(
         sealed_by: decision.sealed_by,
         snapshot: decision.snapshot,
         memory: decision.memory,
-        arrival: decision.arrival,
+        finish: decision.finish,
     })
 }
 
@@ -159,7 +159,7 @@ impl Drop for CancelledUnlessAnswered<'_> {
 
 /// What a request gets when it is placed: the replica, what the memory said each endpoint held
 /// of it, and the window it was planned in.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Placement {
     /// Index into `snapshot.config.endpoints`, or `None` for no affinity.
     pub assigned: Option<usize>,
@@ -181,9 +181,29 @@ pub struct Placement {
     /// With memory (docs/behaviour.md §7): what each endpoint held of the request when it was
     /// placed.
     pub memory: Option<RequestHeld>,
-    /// Placed on arrival (zero-wait mode): its place in the work in flight, finished by the
-    /// route's handle (a request nobody routes counts with a half-life).
-    pub arrival: Option<ArrivalTicket>,
+    /// Placed on arrival (zero-wait mode): what takes it off the work in flight, called by the
+    /// route's handle when the answer ends (a request nobody routes counts with a half-life).
+    pub finish: Option<Completion>,
+}
+
+/// What finishes a request's placement once its answer has ended: called once, by the route's
+/// handle (a placement on arrival leaves the work in flight).
+pub struct Completion(Box<dyn FnOnce() + Send + Sync>);
+
+impl Completion {
+    pub fn new(finish: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Completion(Box::new(finish))
+    }
+
+    pub fn finish(self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Completion")
+    }
 }
 
 impl Placement {

@@ -4,7 +4,8 @@
 //! placement only.
 //!
 //! What is in flight ends two ways: a front-end that sees the answer end (the proxy, the
-//! endpoint picker) drops its route's handle, which finishes the placement ([`ArrivalTicket`]);
+//! endpoint picker) drops its route's handle, which finishes the placement (its
+//! [`Completion`]);
 //! otherwise (`/v1/produce`) a placement counts with a half-life of
 //! [`UNREPORTED_HALF_LIFE_MS`], about a completion's length.
 
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use burst_prefix_planner::{Arrival, ArrivalPlacement, InFlight, InFlightSettings, PlacementId};
 
 use super::memory::{self, SharedModels};
-use super::{Decision, NotPlaced, Placer, RequestHeld, SealReason, ToPlace};
+use super::{Completion, Decision, NotPlaced, Placer, RequestHeld, SealReason, ToPlace};
 use crate::config_store::Snapshot;
 use crate::engines::Engines;
 use crate::error::PlaceError;
@@ -53,36 +54,6 @@ struct State {
     last_settle: Instant,
 }
 
-/// A placement on arrival that counts as in flight until [`ArrivalTicket::finish`] (the route's
-/// handle calls it when the front-end saw the answer end).
-pub struct ArrivalTicket {
-    arrivals: Arc<Arrivals>,
-    id: PlacementId,
-}
-
-impl std::fmt::Debug for ArrivalTicket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("ArrivalTicket").field(&self.id).finish()
-    }
-}
-
-impl Clone for ArrivalTicket {
-    fn clone(&self) -> Self {
-        ArrivalTicket {
-            arrivals: self.arrivals.clone(),
-            id: self.id,
-        }
-    }
-}
-
-impl ArrivalTicket {
-    /// Takes the placement off the work in flight.
-    pub fn finish(self) {
-        let now_ms = memory::lock(&self.arrivals.models).now_ms();
-        self.arrivals.state().in_flight.finish(self.id, now_ms);
-    }
-}
-
 impl Arrivals {
     pub fn new(models: SharedModels, live: Arc<LiveEndpoints>, closed: Arc<AtomicBool>) -> Self {
         Arrivals {
@@ -101,6 +72,12 @@ impl Arrivals {
             live,
             closed,
         }
+    }
+
+    /// Takes placement `id` off the work in flight.
+    fn finish(&self, id: PlacementId) {
+        let now_ms = memory::lock(&self.models).now_ms();
+        self.state().in_flight.finish(id, now_ms);
     }
 
     /// Placements still in flight (not finished, not expired).
@@ -179,9 +156,9 @@ impl Placer for Arc<Arrivals> {
             sealed_by: SealReason::Arrival,
             waited: started.elapsed(),
             memory: Some(RequestHeld::OnArrival(held)),
-            arrival: Some(ArrivalTicket {
-                arrivals: self.clone(),
-                id: placed.id,
+            finish: Some({
+                let (arrivals, id) = (self.clone(), placed.id);
+                Completion::new(move || arrivals.finish(id))
             }),
             request: request.request,
             snapshot,

@@ -487,7 +487,7 @@ fn release(planned: Planned, metrics: &WindowMetrics) {
             sealed_by: planned.reason,
             waited: released.saturating_duration_since(joined),
             memory: RequestHeld::new(&planned.plan.held, index),
-            arrival: None,
+            finish: None,
         });
     }
     metrics.size.observe(size as f64);

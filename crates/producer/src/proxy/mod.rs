@@ -16,7 +16,6 @@ pub mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, OriginalUri, Request, State};
@@ -25,58 +24,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use burst_prefix_core::{CoolDown, KeepBody, Producer};
+use burst_prefix_core::{KeepBody, Producer};
 pub use error::ProxyError;
 use upstream::{Outgoing, Upstreams};
-
-/// Response header: the id of the endpoint that served the request.
-pub const ENDPOINT_HEADER: &str = "x-burst-prefix-endpoint";
-/// Response header: the id of the window the request was planned in.
-pub const WINDOW_HEADER: &str = "x-burst-prefix-window";
-
-/// How the proxy talks to the replicas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProxyConfig {
-    /// Connecting to a replica takes at most this long (a refusal is a failover).
-    pub connect_timeout: Duration,
-    /// The longest wait for the next bytes from a replica (its response head, then each chunk).
-    pub upstream_timeout: Duration,
-    /// How many times a refused request is tried again on the next replica.
-    pub retries: usize,
-    /// How long a replica that failed is left out of planning and routing.
-    pub cooldown: Duration,
-    /// Answers 502, 503 or 504 in a row (to first attempts) after which a replica cools down;
-    /// a refused connection cools it at once (docs/behaviour.md §8).
-    pub cooldown_after_5xx: u32,
-    /// An idle pooled connection to a replica is closed after this long. Below the servers'
-    /// own keep-alive timeout (5 s for uvicorn, i.e. vLLM and SGLang, and for llama-server's
-    /// cpp-httplib), so the proxy never sends on a connection the server is closing: such a
-    /// request fails mid-flight and cannot be retried safely.
-    pub idle_timeout: Duration,
-}
-
-impl ProxyConfig {
-    /// When a replica that failed is left out of planning and routing.
-    pub fn cool_down(&self) -> CoolDown {
-        CoolDown {
-            duration: self.cooldown,
-            after_failures: self.cooldown_after_5xx,
-        }
-    }
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            connect_timeout: Duration::from_secs(5),
-            upstream_timeout: Duration::from_secs(300),
-            retries: 1,
-            cooldown: Duration::from_secs(10),
-            cooldown_after_5xx: 3,
-            idle_timeout: Duration::from_secs(3),
-        }
-    }
-}
+pub use upstream::{ProxyConfig, ENDPOINT_HEADER, WINDOW_HEADER};
 
 pub fn router(producer: Producer, config: ProxyConfig) -> Router {
     let upstreams = Arc::new(Upstreams::new(producer, config));
@@ -115,8 +66,10 @@ async fn place_and_send(
     peer: Option<IpAddr>,
     body: Body,
 ) -> Result<Response, ProxyError> {
-    let mut admission = upstreams.producer().admit_http(&headers)?;
-    admission.read_http(body).await?;
+    let admission = upstreams
+        .producer()
+        .admit_http(&headers, body, None)
+        .await?;
     let placed = admission.place(None, KeepBody::Keep).await?;
     let routed = placed.route(upstreams.retries())?;
     let request = Outgoing {

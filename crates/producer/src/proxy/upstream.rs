@@ -9,21 +9,69 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 use burst_prefix_api::Endpoint;
 use burst_prefix_core::metrics::{EndpointSeries, Metrics};
-use burst_prefix_core::{Attempted, Handle, Producer};
+use burst_prefix_core::{Attempted, CoolDown, Handle, Producer};
 use futures::StreamExt;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
 
 use super::error::ProxyError;
-use super::{ProxyConfig, ENDPOINT_HEADER, WINDOW_HEADER};
+
+/// Response header: the id of the endpoint that served the request.
+pub const ENDPOINT_HEADER: &str = "x-burst-prefix-endpoint";
+/// Response header: the id of the window the request was planned in.
+pub const WINDOW_HEADER: &str = "x-burst-prefix-window";
+
+/// How the proxy talks to the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Connecting to a replica takes at most this long (a refusal is a failover).
+    pub connect_timeout: Duration,
+    /// The longest wait for the next bytes from a replica (its response head, then each chunk).
+    pub upstream_timeout: Duration,
+    /// How many times a refused request is tried again on the next replica.
+    pub retries: usize,
+    /// How long a replica that failed is left out of planning and routing.
+    pub cooldown: Duration,
+    /// Answers 502, 503 or 504 in a row (to first attempts) after which a replica cools down;
+    /// a refused connection cools it at once (docs/behaviour.md §8).
+    pub cooldown_after_5xx: u32,
+    /// An idle pooled connection to a replica is closed after this long. Below the servers'
+    /// own keep-alive timeout (5 s for uvicorn, i.e. vLLM and SGLang, and for llama-server's
+    /// cpp-httplib), so the proxy never sends on a connection the server is closing: such a
+    /// request fails mid-flight and cannot be retried safely.
+    pub idle_timeout: Duration,
+}
+
+impl ProxyConfig {
+    /// When a replica that failed is left out of planning and routing.
+    pub fn cool_down(&self) -> CoolDown {
+        CoolDown {
+            duration: self.cooldown,
+            after_failures: self.cooldown_after_5xx,
+        }
+    }
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            connect_timeout: Duration::from_secs(5),
+            upstream_timeout: Duration::from_secs(300),
+            retries: 1,
+            cooldown: Duration::from_secs(10),
+            cooldown_after_5xx: 3,
+            idle_timeout: Duration::from_secs(3),
+        }
+    }
+}
 
 /// The replicas as the proxy reaches them: one pooled client, one config.
 pub struct Upstreams {

@@ -98,7 +98,7 @@ impl ScoringMetrics {
         ScoringMetrics { plans }
     }
 
-    fn plan(&self, result: &str) {
+    fn count_plan(&self, result: &str) {
         self.plans.with_label_values(&[result]).inc();
     }
 }
@@ -146,8 +146,9 @@ async fn produce(
             return Err(producer.refuse(error.into()).into());
         }
     };
-    let mut admission = producer.admit_http(&headers)?.within(request_timeout);
-    admission.read_http(body).await?;
+    let admission = producer
+        .admit_http(&headers, body, Some(request_timeout))
+        .await?;
     let placed = admission.place(None, KeepBody::Drop).await?;
     Ok(Json(ProduceResponse::new(placed.placement(), shown)))
 }
@@ -184,7 +185,7 @@ impl AbandonedUnlessHandedOver {
 impl Drop for AbandonedUnlessHandedOver {
     fn drop(&mut self) {
         if let Some(metrics) = self.0.take() {
-            metrics.plan("abandoned");
+            metrics.count_plan("abandoned");
         }
     }
 }
@@ -210,7 +211,7 @@ async fn plan_whole_batch(
             .map(|slot| (body, slot))
             .map_err(|e| ApiError::Internal(e.to_string())),
         Err(error) => {
-            metrics.plan("refused");
+            metrics.count_plan("refused");
             Err(ApiError::Body(error))
         }
     };
@@ -234,7 +235,7 @@ async fn plan_whole_batch(
             cancelled: &stop,
         };
         let result = PlanInput::parse(&body).and_then(|input| plan_input(&input, &bounds));
-        metrics.plan(match &result {
+        metrics.count_plan(match &result {
             Ok(_) => "planned",
             Err(PlanError::Abandoned) => "abandoned",
             Err(_) => "refused",

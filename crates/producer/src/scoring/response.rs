@@ -130,7 +130,7 @@ mod tests {
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(config, 1)),
             memory: None,
-            arrival: None,
+            finish: None,
         }
     }
 

@@ -12,27 +12,32 @@
 //!   `cgroupRoot`), killed as a whole when the node stops, or by a watchdog when the test process
 //!   dies without stopping it.
 //!
+//! Here the node itself; [`namespaces`] the isolation, [`cgroups`] the containment, [`host`] the
+//! commands and files it runs on the host.
+//!
 //! The node is the bridge's address ([`NODE_IP`]); pods get addresses of [`POD_CIDR`] on the
 //! bridge, Services ClusterIPs of [`crate::SERVICE_CLUSTER_IP_RANGE`] (kube-proxy), and
 //! kube-apiserver is the `kubernetes` Service's endpoint at the node's address, so in-cluster
 //! clients (an operator, a producer) reach it the way they do in any cluster.
 
-use std::ffi::OsString;
-use std::fs;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node as NodeObject, ServiceAccount};
 use kube::Api;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+
+mod cgroups;
+mod host;
+mod namespaces;
+
+pub use namespaces::enter_namespaces;
+
+use cgroups::Cgroups;
+use host::{path_with, run, toml_string, which, write};
+use namespaces::{ensure_own_network_namespace, unmount_under};
 
 use crate::control_plane::{
     block_on_own_runtime, flag, InCluster, KUBERNETES_SERVICE_IP, SERVICE_CLUSTER_IP_RANGE,
@@ -56,50 +61,6 @@ const BRIDGE: &str = "bp0";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const STOP_GRACE: Duration = Duration::from_secs(10);
 const LOG_TAIL_LINES: usize = 30;
-
-/// Moves this process into new network and mount namespaces (see the module documentation).
-/// Call it first in the test's `main` (`harness = false`), while the process has one thread:
-/// a multi-threaded process cannot change its mount namespace, and threads made before would
-/// stay behind in the machine's network.
-pub fn enter_namespaces() -> Result<(), Error> {
-    let threads = fs::read_to_string("/proc/self/status")
-        .map_err(|e| Error::io("reading /proc/self/status", e))?
-        .lines()
-        .find_map(|line| line.strip_prefix("Threads:").map(|n| n.trim().to_owned()));
-    if threads.as_deref() != Some("1") {
-        return Err(Error::Node {
-            reason: format!(
-                "enter_namespaces needs a single-threaded process (threads: {threads:?}): \
-                 call it first in main, in a test target with harness = false"
-            ),
-            logs: String::new(),
-        });
-    }
-    // The process has one thread (checked above), so all of it moves.
-    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS).map_err(|errno| {
-        Error::io(
-            "unshare(CLONE_NEWNET | CLONE_NEWNS) (the node needs root)",
-            errno.into(),
-        )
-    })?;
-    // Mounts made from now on stay in this namespace, in both directions.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|errno| Error::io("making / a private mount", errno.into()))?;
-    // Paths that containerd and the kubelet write whatever their configuration says: the shims'
-    // sockets (/run/containerd/s) and the kubelet's log links (/var/log/containers).
-    for dir in ["/run/containerd", "/var/log/containers"] {
-        fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {dir}"), e))?;
-        run(Command::new("mount").args(["-t", "tmpfs", "tmpfs", dir]))?;
-    }
-    IN_OWN_NAMESPACES.store(true, Ordering::SeqCst);
-    run(Command::new("ip").args(["link", "set", "lo", "up"]))
-}
 
 /// What the node is given before it starts.
 #[derive(Debug, Clone, Default)]
@@ -437,7 +398,7 @@ localStorageCapacityIsolation: false
 serializeImagePulls: false
 maxPods: 50
 "#,
-            cgroup_root = serde_json::to_string(&format!("/{}", self.cgroups.name)).expect("s"),
+            cgroup_root = serde_json::to_string(&format!("/{}", self.cgroups.name())).expect("s"),
             runtime =
                 serde_json::to_string(&format!("unix://{}", self.containerd_socket.display()))
                     .expect("serializes"),
@@ -583,195 +544,6 @@ impl Drop for Node {
     }
 }
 
-/// The node's cgroups: one directory of the same name in every cgroup v1 hierarchy, which the
-/// kubelet gets as its `cgroupRoot`; containerd runs in `<name>/containerd` of the pids one.
-#[derive(Debug)]
-struct Cgroups {
-    name: String,
-    pids: PathBuf,
-    watchdog: Option<(Child, std::process::ChildStdin)>,
-}
-
-impl Cgroups {
-    fn create(name: &str) -> Result<Self, Error> {
-        let hierarchies = cgroup_hierarchies()?;
-        let pids = hierarchies
-            .iter()
-            .find(|h| h.ends_with("pids"))
-            .ok_or_else(|| Error::Node {
-                reason: "no cgroup v1 pids hierarchy in /sys/fs/cgroup".into(),
-                logs: String::new(),
-            })?
-            .join(name);
-        for hierarchy in &hierarchies {
-            let dir = hierarchy.join(name);
-            fs::create_dir_all(&dir)
-                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-            // A new cpuset has no CPUs and no memory nodes: give it the parent's.
-            for file in ["cpuset.cpus", "cpuset.mems"] {
-                if let Ok(value) = fs::read_to_string(hierarchy.join(file)) {
-                    write(&dir.join(file), value.trim())?;
-                }
-            }
-        }
-        // Kills whatever is left when this process ends without dropping the node.
-        let mut command = Command::new("sh");
-        command
-            .args(["-c", WATCHDOG])
-            .arg(&pids)
-            .arg(name)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // Out of the test's process group: a signal to the group (timeout(1), Ctrl-C) must
-            // not take the watchdog with it.
-            .process_group(0);
-        let mut child = command
-            .spawn()
-            .map_err(|e| Error::io("starting the cgroup watchdog", e))?;
-        let stdin = child.stdin.take().expect("stdin is piped");
-        Ok(Self {
-            name: name.to_owned(),
-            pids,
-            watchdog: Some((child, stdin)),
-        })
-    }
-
-    /// `cgroup.procs` of `<name>/<sub>` in the pids hierarchy, created.
-    fn procs_file(&self, sub: &str) -> Result<PathBuf, Error> {
-        let dir = self.pids.join(sub);
-        fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        Ok(dir.join("cgroup.procs"))
-    }
-
-    /// SIGKILL to every process in the node's cgroups until none is left (bounded).
-    fn kill_all(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let pids = pids_under(&self.pids);
-            if pids.is_empty() || Instant::now() > deadline {
-                return;
-            }
-            for pid in pids {
-                // A pid read from the node's own cgroup.
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn remove(&mut self) {
-        if let Ok(hierarchies) = cgroup_hierarchies() {
-            for hierarchy in hierarchies {
-                remove_dirs_bottom_up(&hierarchy.join(&self.name));
-            }
-        }
-        if let Some((mut child, stdin)) = self.watchdog.take() {
-            drop(stdin);
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Waits for end-of-file on stdin, then kills every process under $0 (the node's pids cgroup)
-/// and removes the node's cgroup directories ($1) from every hierarchy.
-const WATCHDOG: &str = r#"while read -r _; do :; done
-for _ in 1 2 3 4 5 6 7 8 9 10; do
-    pids="$(find "$0" -name cgroup.procs -exec cat {} + 2>/dev/null)"
-    [ -n "$pids" ] || break
-    kill -9 $pids 2>/dev/null
-    sleep 0.2
-done
-for dir in /sys/fs/cgroup/*/"$1"; do
-    [ -d "$dir" ] && find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null
-done"#;
-
-fn cgroup_hierarchies() -> Result<Vec<PathBuf>, Error> {
-    let entries =
-        fs::read_dir("/sys/fs/cgroup").map_err(|e| Error::io("listing /sys/fs/cgroup", e))?;
-    let mut hierarchies: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| path.join("cgroup.procs").exists())
-        .collect();
-    hierarchies.sort();
-    if hierarchies.is_empty() {
-        return Err(Error::Node {
-            reason: "no cgroup v1 hierarchies in /sys/fs/cgroup (the node expects cgroup v1)"
-                .into(),
-            logs: String::new(),
-        });
-    }
-    Ok(hierarchies)
-}
-
-fn pids_under(dir: &Path) -> Vec<i32> {
-    let mut pids = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
-            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-        }
-        if let Ok(entries) = fs::read_dir(&dir) {
-            stack.extend(
-                entries
-                    .filter_map(Result::ok)
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
-        }
-    }
-    pids
-}
-
-fn remove_dirs_bottom_up(dir: &Path) {
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.filter_map(Result::ok) {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_dirs_bottom_up(&entry.path());
-            }
-        }
-    }
-    let _ = fs::remove_dir(dir);
-}
-
-/// Detaches every mount under `dir`, deepest first (volumes, root filesystems, pod network
-/// namespaces), so that the directory can be removed.
-fn unmount_under(dir: &Path) {
-    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|point| PathBuf::from(point.replace("\\040", " ")))
-        .filter(|point| point.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for point in points {
-        let _ = umount2(&point, MntFlags::MNT_DETACH);
-    }
-}
-
-/// Set by [`enter_namespaces`]: this process has network and mount namespaces of its own.
-static IN_OWN_NAMESPACES: AtomicBool = AtomicBool::new(false);
-
-/// Refuses to touch the network unless this process has a network namespace of its own.
-fn ensure_own_network_namespace() -> Result<(), Error> {
-    if IN_OWN_NAMESPACES.load(Ordering::SeqCst) {
-        Ok(())
-    } else {
-        Err(Error::Node {
-            reason: "the node needs network and mount namespaces of its own: call \
-                     node::enter_namespaces() first in main"
-                .into(),
-            logs: String::new(),
-        })
-    }
-}
-
 /// The bridge with the node's address, forwarding on (pods reach Services through the node),
 /// and the Service range routed to the bridge so that the node itself reaches ClusterIPs too.
 fn setup_network() -> Result<(), Error> {
@@ -786,77 +558,4 @@ fn setup_network() -> Result<(), Error> {
         Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables"),
         "1",
     )
-}
-
-fn run(command: &mut Command) -> Result<(), Error> {
-    let what = format!("{command:?}");
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::io(format!("running {what}"), e))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Node {
-            reason: format!(
-                "{what} failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-            logs: String::new(),
-        })
-    }
-}
-
-fn which(name: &str) -> Result<PathBuf, Error> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-        .ok_or_else(|| Error::Node {
-            reason: format!("{name} is not installed: run `make node-deps`"),
-            logs: String::new(),
-        })
-}
-
-/// PATH with `dir` first (containerd finds its shim there, the kubelet nothing else).
-fn path_with(dir: &Path) -> OsString {
-    let mut paths = vec![dir.to_path_buf()];
-    paths.extend(
-        std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths),
-    );
-    std::env::join_paths(paths).expect("PATH entries have no ':'")
-}
-
-fn toml_string(value: &str) -> String {
-    // A TOML basic string has JSON's escapes.
-    serde_json::to_string(value).expect("a string serializes")
-}
-
-fn write(path: &Path, contents: &str) -> Result<(), Error> {
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
-    }
-    fs::write(path, contents).map_err(|e| Error::io(format!("writing {}", path.display()), e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn toml_strings_are_quoted_and_escaped() {
-        assert_eq!(toml_string(r#"/tmp/a "b"\c"#), r#""/tmp/a \"b\"\\c""#);
-    }
-
-    #[test]
-    fn path_with_puts_the_directory_first() {
-        let path = path_with(Path::new("/opt/bin"));
-        assert!(path.to_string_lossy().starts_with("/opt/bin"));
-    }
 }
