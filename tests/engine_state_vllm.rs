@@ -592,9 +592,15 @@ fn engine_load_is_scraped_from_vllms_metrics() {
             json!({"model": "tiny", "prompt": text(7, 300), "max_tokens": 1}),
         )
         .await;
-        let load = scrape_load(&client, &vllm.url("/metrics"), Duration::from_secs(5))
-            .await
-            .expect("a scrape");
+        let (load, counters) =
+            scrape_load(&client, &vllm.url("/metrics"), Duration::from_secs(5))
+                .await
+                .expect("a scrape");
+        // The counters the time cost learns a replica's speed from (docs/behaviour.md §7).
+        assert!(counters.prompt_tokens >= 300.0, "{counters:?}");
+        assert!(counters.prefill_requests >= 1.0, "{counters:?}");
+        assert!(counters.prefill_seconds > 0.0, "{counters:?}");
+        assert!(counters.generation_tokens >= 1.0, "{counters:?}");
         assert_eq!(load.len(), 1, "{load:?}");
         assert_eq!(load[0].model.as_deref(), Some("tiny"));
         assert_eq!(
@@ -619,7 +625,7 @@ fn engine_load_is_scraped_from_vllms_metrics() {
                 .expect("the scraper runs");
             assert_eq!(report.replica, "x");
             assert_eq!(
-                report.load.expect("a scrape")[0].model.as_deref(),
+                report.load.expect("a scrape").0[0].model.as_deref(),
                 Some("tiny")
             );
         }

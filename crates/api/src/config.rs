@@ -536,7 +536,11 @@ impl PlannerConfig {
 
     /// What load means: `balanceBy`, else time with memory and requests without (llm-d's).
     pub fn balance(&self) -> BalanceBy {
-        self.balance_by.unwrap_or(match self.memory.enabled {
+        self.balance_with_memory(self.memory.enabled)
+    }
+
+    fn balance_with_memory(&self, memory: bool) -> BalanceBy {
+        self.balance_by.unwrap_or(match memory {
             true => BalanceBy::Time,
             false => BalanceBy::Requests,
         })
@@ -553,12 +557,22 @@ impl PlannerConfig {
 
     /// The planner's view of a validated config.
     pub fn plan_params(&self) -> PlanParams {
+        self.plan_params_with_memory(self.memory.enabled)
+    }
+
+    /// The planner's view of a batch planned alone (`/v1/plan`: no memory, so by default
+    /// balanced as llm-d's, docs/behaviour.md §4 exactly).
+    pub fn plan_params_alone(&self) -> PlanParams {
+        self.plan_params_with_memory(false)
+    }
+
+    fn plan_params_with_memory(&self, memory: bool) -> PlanParams {
         PlanParams {
             max_per_replica: usize::try_from(self.max_per_replica)
                 .ok()
                 .filter(|&k| k >= 1),
             min_colocate_blocks: usize::try_from(self.min_colocate_blocks).unwrap_or(0),
-            balance_by: match self.balance() {
+            balance_by: match self.balance_with_memory(memory) {
                 BalanceBy::Requests => burst_prefix_planner::BalanceBy::Requests,
                 BalanceBy::Tokens => burst_prefix_planner::BalanceBy::Tokens,
                 BalanceBy::Time => burst_prefix_planner::BalanceBy::Time,
@@ -620,7 +634,25 @@ mod tests {
         assert_eq!(config.max_prefix_tokens_to_match, 0);
         assert_eq!(config.min_colocate_blocks, 0);
         assert_eq!(config.max_batch_size, 1000);
-        assert_eq!(config.balance_by, BalanceBy::Requests);
+        assert_eq!(config.balance_by, None);
+        assert_eq!(config.balance(), BalanceBy::Time, "time with memory");
+        assert_eq!(config.placement, None);
+        assert_eq!(config.placement(), DEFAULT_PLACEMENT);
+        assert_eq!(config.time, TimeConfig::default());
+        // The config's nanoseconds are the planner's default speed, to the nanosecond.
+        let (config_speed, default) = (config.time.speed(), burst_prefix_planner::Speed::default());
+        for (a, b) in [
+            (config_speed.prefill_seconds_per_token, default.prefill_seconds_per_token),
+            (config_speed.prefill_overhead_seconds, default.prefill_overhead_seconds),
+            (config_speed.decode_seconds_per_step, default.decode_seconds_per_step),
+            (
+                config_speed.decode_seconds_per_step_per_sequence,
+                default.decode_seconds_per_step_per_sequence,
+            ),
+            (config_speed.max_running, default.max_running),
+        ] {
+            assert!((a - b).abs() < 1e-9, "{config_speed:?} vs {default:?}");
+        }
         assert_eq!((config.idle_seal_ms, config.seal_on_hints), (0, true));
         assert_eq!(config.idle_seal(), None);
         assert_eq!(
@@ -748,7 +780,16 @@ mod tests {
             max_prefix_tokens_to_match: 1,
             min_colocate_blocks: 0,
             max_batch_size: -1,
-            balance_by: BalanceBy::Tokens,
+            balance_by: Some(BalanceBy::Tokens),
+            placement: Some(Placement::Window),
+            time: TimeConfig {
+                output_tokens: 1,
+                prefill_nanos_per_token: 0,
+                prefill_overhead_nanos: 0,
+                decode_step_nanos: 1,
+                decode_step_nanos_per_sequence: 0,
+                max_running: 1,
+            },
             idle_seal_ms: 10_000,
             seal_on_hints: false,
             memory: MemoryConfig {
@@ -816,7 +857,7 @@ mod tests {
         let config = PlannerConfig {
             max_per_replica: -1,
             min_colocate_blocks: 4,
-            balance_by: BalanceBy::Tokens,
+            balance_by: Some(BalanceBy::Tokens),
             ..PlannerConfig::default()
         };
         let params = config.plan_params();

@@ -18,7 +18,7 @@ pub mod ports {
 }
 
 pub use config::{
-    BalanceBy, ConfigError, EngineConfig, KvEventsConfig, MemoryConfig, PlannerConfig,
-    TokenizerConfig, Violation,
+    BalanceBy, ConfigError, EngineConfig, KvEventsConfig, MemoryConfig, Placement, PlannerConfig,
+    TimeConfig, TokenizerConfig, Violation, DEFAULT_PLACEMENT,
 };
 pub use producer_config::{Endpoint, ProducerConfig};

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use burst_prefix_api::producer_config::ProducerConfigError;
-use burst_prefix_api::{PlannerConfig, ProducerConfig};
+use burst_prefix_api::{Placement, PlannerConfig, ProducerConfig};
 use burst_prefix_planner::{BlockSpec, PlanParams};
 use serde::Serialize;
 
@@ -75,7 +75,9 @@ impl Snapshot {
 /// A validated planner config in the types its users need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// `windowDurationMs`; zero: no window, each request placed on arrival.
+    /// `placement: onArrival` (or `windowDurationMs: 0`): each request placed on arrival.
+    pub on_arrival: bool,
+    /// `windowDurationMs`, in window mode.
     pub window: Duration,
     pub block_spec: BlockSpec,
     pub plan: PlanParams,
@@ -87,13 +89,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Zero-wait mode: each request placed on arrival, no window.
-    pub fn on_arrival(&self) -> bool {
-        self.window.is_zero()
-    }
-
     fn of(planner: &PlannerConfig) -> Self {
         Settings {
+            on_arrival: planner.placement() == Placement::OnArrival,
             window: Duration::from_millis(u64::try_from(planner.window_duration_ms).unwrap_or(0)),
             block_spec: planner.block_spec(),
             plan: planner.plan_params(),

@@ -13,11 +13,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
+use burst_prefix_engine_state::speed::{Counters, SpeedLearner};
 use burst_prefix_engine_state::{EngineIndex, IndexConfig};
-use burst_prefix_planner::{BlockHash, Memory, Prompt};
+use burst_prefix_planner::{BlockHash, Memory, Prompt, Speed};
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// Engine blocks kept per replica at most (past it, its oldest stored block goes first).
@@ -30,6 +32,10 @@ pub struct Engines {
     pending: Mutex<Pending>,
     /// Per endpoint id, the requests its engine runs and queues, from its `/metrics`.
     load: RwLock<HashMap<String, u64>>,
+    /// Per endpoint id, its speed as learned from its `/metrics` counters.
+    speeds: RwLock<HashMap<String, SpeedLearner>>,
+    /// Bumped whenever a load or a speed changes (placers that cache them look again).
+    heard: AtomicU64,
     /// The weight version the latest request named (`x-burst-prefix-weight-version`).
     weight_version: Mutex<Option<String>>,
     outcomes: IntCounterVec,
@@ -69,6 +75,8 @@ impl Engines {
             tokenizer: RwLock::new(None),
             pending: Mutex::new(Pending::default()),
             load: RwLock::new(HashMap::new()),
+            speeds: RwLock::new(HashMap::new()),
+            heard: AtomicU64::new(0),
             weight_version: Mutex::new(None),
             outcomes,
         }
@@ -240,6 +248,32 @@ impl Engines {
                 loads.remove(endpoint);
             }
         }
+        self.heard.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One scrape of `endpoint`'s counters, to learn its speed from.
+    pub fn observe_speed(&self, endpoint: &str, counters: Counters) {
+        self.speeds
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(endpoint.to_string())
+            .or_default()
+            .observe(counters);
+        self.heard.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `endpoint`'s speed: learned from its counters, `prior` until enough was seen.
+    pub fn speed(&self, endpoint: &str, prior: Speed) -> Speed {
+        self.speeds
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(endpoint)
+            .map_or(prior, |learner| learner.speed(prior))
+    }
+
+    /// Changes with every load or speed heard: equal values mean nothing new.
+    pub fn heard(&self) -> u64 {
+        self.heard.load(Ordering::Relaxed)
     }
 
     /// `endpoint`'s engine load, when its `/metrics` are read.

@@ -382,7 +382,7 @@ impl Producer {
                 group_size: read.hints.group_size,
                 held,
             };
-            let placed = if read.snapshot.settings.on_arrival() {
+            let placed = if read.snapshot.settings.on_arrival {
                 place::place(&self.arrivals, &self.metrics, request, bound).await
             } else {
                 place::place(&self.window, &self.metrics, request, bound).await

@@ -3,7 +3,7 @@
 //! docs/behaviour.md, "Placement", exactly).
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_planner::Replica;
+use burst_prefix_planner::{Busy, Pace, Replica};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -153,10 +153,17 @@ pub fn plan_input(input: &PlanInput<'_>, bounds: &PlanBounds<'_>) -> Result<Plan
         .map(|replica| Replica {
             id: &replica.id,
             running_requests: replica.running_requests,
+            pace: Pace {
+                speed: input.config.time.speed(),
+                busy: Busy {
+                    requests: replica.running_requests as f64,
+                    prefill_tokens: 0.0,
+                },
+            },
         })
         .collect();
     // A batch planned on its own: no memory of other batches (docs/behaviour.md §4 exactly).
-    let plan = plan_batch(&input.config.plan_params(), &replicas, &hashed, None);
+    let plan = plan_batch(&input.config.plan_params_alone(), &replicas, &hashed, None);
     let assignments = input
         .requests
         .iter()

@@ -72,9 +72,8 @@ pub const FORGET: f64 = 0.9;
 const ENOUGH_REQUESTS: f64 = 8.0;
 
 /// One replica's learned speed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct SpeedLearner {
-    prior: Speed,
     last: Option<Counters>,
     /// Prefill seconds per request against computed tokens per request, weighted by requests.
     prefill: Line,
@@ -85,10 +84,9 @@ pub struct SpeedLearner {
 }
 
 impl SpeedLearner {
-    /// A replica not heard yet: `prior` stands.
-    pub fn new(prior: Speed) -> Self {
+    /// A replica not heard yet.
+    pub fn new() -> Self {
         SpeedLearner {
-            prior,
             last: None,
             prefill: Line::default(),
             decode: Line::default(),
@@ -136,9 +134,8 @@ impl SpeedLearner {
         }
     }
 
-    /// The speed as learned so far, the prior's where too little was seen.
-    pub fn speed(&self) -> Speed {
-        let prior = self.prior;
+    /// The speed as learned so far, `prior`'s where too little was seen.
+    pub fn speed(&self, prior: Speed) -> Speed {
         let mut speed = prior;
         if let Some((overhead, per_token)) = self.prefill.fit(
             prior.prefill_overhead_seconds,
@@ -279,16 +276,16 @@ mod tests {
 
     #[test]
     fn the_prior_stands_until_enough_is_seen() {
-        let learner = SpeedLearner::new(Speed::default());
-        assert_eq!(learner.speed(), Speed::default());
+        let learner = SpeedLearner::new();
+        assert_eq!(learner.speed(Speed::default()), Speed::default());
         assert_eq!(learner.output_tokens(), None);
     }
 
     #[test]
     fn a_slower_replica_is_learned_from_its_counters() {
-        let mut learner = SpeedLearner::new(Speed::default());
+        let mut learner = SpeedLearner::new();
         run(&mut learner, a100(), 12, true);
-        let speed = learner.speed();
+        let speed = learner.speed(Speed::default());
         let truth = a100();
         assert!(
             close(
@@ -328,9 +325,9 @@ mod tests {
 
     #[test]
     fn steady_load_keeps_the_priors_ratios_and_scales_to_what_it_saw() {
-        let mut learner = SpeedLearner::new(Speed::default());
+        let mut learner = SpeedLearner::new();
         run(&mut learner, a100(), 12, false);
-        let speed = learner.speed();
+        let speed = learner.speed(Speed::default());
         let truth = a100();
         // The means are right: a prefill of 1,000 tokens, a step beside 8 sequences.
         let prefill =
@@ -343,11 +340,11 @@ mod tests {
 
     #[test]
     fn a_restarted_engine_is_not_read_as_negative_work() {
-        let mut learner = SpeedLearner::new(Speed::default());
+        let mut learner = SpeedLearner::new();
         run(&mut learner, a100(), 12, true);
-        let learned = learner.speed();
+        let learned = learner.speed(Speed::default());
         learner.observe(Counters::default());
-        assert_eq!(learner.speed(), learned);
+        assert_eq!(learner.speed(Speed::default()), learned);
     }
 
     #[test]

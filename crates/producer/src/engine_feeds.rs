@@ -190,7 +190,8 @@ impl Feeds {
         let engines = self.engines.clone();
         let recorder = tokio::spawn(async move {
             while let Some(report) = received.recv().await {
-                let load = report.load.ok().map(|loads| {
+                let load = report.load.ok().map(|(loads, counters)| {
+                    engines.observe_speed(&report.replica, counters);
                     loads
                         .iter()
                         .map(|l| (l.running + l.waiting).max(0.0) as u64)

@@ -39,6 +39,7 @@ pub enum WorkloadKind {
 pub enum BalanceByArg {
     Requests,
     Tokens,
+    Time,
 }
 
 /// Compare routing policies on a simulated cluster: prefill tokens, balance and co-location.
@@ -281,10 +282,11 @@ fn planner_config(args: &SimulateArgs) -> Result<PlannerConfig, String> {
         max_per_replica: args.max_per_replica,
         block_size_tokens: args.block_size_tokens,
         min_colocate_blocks: args.min_colocate_blocks,
-        balance_by: match args.balance_by {
+        balance_by: Some(match args.balance_by {
             BalanceByArg::Requests => BalanceBy::Requests,
             BalanceByArg::Tokens => BalanceBy::Tokens,
-        },
+            BalanceByArg::Time => BalanceBy::Time,
+        }),
         memory: MemoryConfig {
             enabled: true,
             cache_tokens_per_replica: (args.cache_blocks as i64)

@@ -288,10 +288,7 @@ impl Policy for Burst {
         let replicas: Vec<Replica<'_>> = self
             .ids
             .iter()
-            .map(|id| Replica {
-                id,
-                running_requests: 0,
-            })
+            .map(|id| Replica::new(id))
             .collect();
         let batch: Vec<BatchRequest<'_>> = step
             .iter()
@@ -359,10 +356,7 @@ impl ZeroWait {
         let ids = replica_ids(replicas);
         let list: Vec<Replica<'_>> = ids
             .iter()
-            .map(|id| Replica {
-                id,
-                running_requests: 0,
-            })
+            .map(|id| Replica::new(id))
             .collect();
         in_flight.set_replicas(&list);
         ZeroWait {
@@ -495,6 +489,7 @@ mod tests {
             max_per_replica: None,
             min_colocate_blocks: 0,
             balance_by: BalanceBy::Requests,
+            ..PlanParams::default()
         };
         let mut policy = Burst::new(2, params, None, 1_000);
         assert_eq!(policy.name(), "burst-nomem");

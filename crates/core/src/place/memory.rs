@@ -12,14 +12,16 @@
 //!   `memory` (a prefix remembered from earlier windows), `window` (a prefix placed earlier in
 //!   the same window), `least_loaded` (no usable prefix).
 //!
-//! [`replicas_now`]: the endpoints usable now (not cooling down), each with the requests it runs.
+//! [`replicas_now`]: the endpoints usable now (not cooling down), each with the requests it runs
+//! and its pace for the time cost ([`pace`]): its speed as its engine's counters taught it (the
+//! config's `time` figures until then) and what it is busy with.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use burst_prefix_api::Endpoint;
-use burst_prefix_planner::{Memory, MemorySettings, PlacementReason, Plan, Replica};
+use burst_prefix_planner::{Busy, Memory, MemorySettings, Pace, PlacementReason, Plan, Replica};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::batch::plan_batch;
@@ -213,7 +215,7 @@ impl CacheModels {
 }
 
 /// The endpoints of `snapshot` usable at `now` (config indices) and the replicas the planner
-/// places on, in that order: each with what it runs now, for the tie-break.
+/// places on, in that order: each with what it runs now (for the tie-break and the time cost).
 pub fn replicas_now<'a>(
     snapshot: &'a Snapshot,
     live: &LiveEndpoints,
@@ -224,12 +226,28 @@ pub fn replicas_now<'a>(
     let usable = live.usable(endpoints, now);
     let replicas = usable
         .iter()
-        .map(|&i| Replica {
-            id: &endpoints[i].id,
-            running_requests: running_requests(&endpoints[i], live, engines),
+        .map(|&i| {
+            let running = running_requests(&endpoints[i], live, engines);
+            Replica {
+                id: &endpoints[i].id,
+                running_requests: running,
+                pace: pace(snapshot, &endpoints[i], engines, running),
+            }
         })
         .collect();
     (usable, replicas)
+}
+
+/// `endpoint`'s pace for the time cost: its learned speed (the config's until learned) and
+/// `running` requests.
+pub fn pace(snapshot: &Snapshot, endpoint: &Endpoint, engines: &Engines, running: u64) -> Pace {
+    Pace {
+        speed: engines.speed(&endpoint.id, snapshot.config.planner.time.speed()),
+        busy: Busy {
+            requests: running as f64,
+            prefill_tokens: 0.0,
+        },
+    }
 }
 
 /// What an endpoint runs now: the config's figure plus the requests in flight through this
@@ -240,4 +258,11 @@ fn running_requests(endpoint: &Endpoint, live: &LiveEndpoints, engines: &Engines
     engines
         .load(&endpoint.id)
         .map_or(ours, |engine| engine.max(ours))
+}
+
+/// What an endpoint runs that this producer did not place: the config's figure, or its
+/// engine's own count when known (the placer on arrival counts its own flights itself).
+pub fn running_elsewhere(endpoint: &Endpoint, engines: &Engines) -> u64 {
+    let config = endpoint.running_requests.unwrap_or(0);
+    engines.load(&endpoint.id).map_or(config, |engine| engine.max(config))
 }

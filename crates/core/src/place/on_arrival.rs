@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use burst_prefix_planner::{Arrival, ArrivalPlacement, InFlight, InFlightSettings, PlacementId};
+use burst_prefix_planner::{
+    Arrival, ArrivalPlacement, BalanceBy, InFlight, InFlightSettings, PlacementId,
+};
 
 use super::memory::{self, SharedModels};
 use super::{Completion, Decision, NotPlaced, Placer, RequestHeld, SealReason, ToPlace};
@@ -49,6 +51,8 @@ struct State {
     seen: Option<(u64, u64)>,
     /// Some endpoint was cooling down then: look again, its cool-down may have ended.
     cooling: bool,
+    /// What the engines had said when the paces were last set (`Engines::heard`).
+    heard: Option<u64>,
     /// Placements made (the `window` id of the next one).
     placed: u64,
     last_settle: Instant,
@@ -64,6 +68,7 @@ impl Arrivals {
                 usable: Vec::new(),
                 position: HashMap::new(),
                 seen: None,
+                heard: None,
                 cooling: false,
                 placed: 0,
                 last_settle: Instant::now(),
@@ -178,6 +183,7 @@ impl State {
     ) {
         let seen = (snapshot.generation, live.cool_downs());
         if self.seen == Some(seen) && !self.cooling {
+            self.look_at_paces(snapshot, engines);
             return;
         }
         let endpoints = &snapshot.config.endpoints;
@@ -194,5 +200,24 @@ impl State {
             .map(|(position, &i)| (endpoints[i].id.clone(), position))
             .collect();
         self.usable = usable;
+        self.heard = None;
+        self.look_at_paces(snapshot, engines);
+    }
+
+    /// Time mode: gives the planner each replica's pace when the engines said something new
+    /// (a scrape of their `/metrics`): its speed, and what it runs that we did not place (our
+    /// own placements are the planner's flights).
+    fn look_at_paces(&mut self, snapshot: &Snapshot, engines: &Engines) {
+        let heard = engines.heard();
+        if snapshot.settings.plan.balance_by != BalanceBy::Time || self.heard == Some(heard) {
+            return;
+        }
+        self.heard = Some(heard);
+        for (position, &i) in self.usable.iter().enumerate() {
+            let endpoint = &snapshot.config.endpoints[i];
+            let running = memory::running_elsewhere(endpoint, engines);
+            let pace = memory::pace(snapshot, endpoint, engines, running);
+            self.in_flight.set_pace(position, pace);
+        }
     }
 }

@@ -707,7 +707,8 @@ mod tests {
         try_join(window, prompt, Some(size), 0).unwrap()
     }
 
-    const TWO: &str = "windowDurationMs: 20\nendpoints:\n  - {id: a, address: '1.1.1.1:1'}\n  - {id: b, address: '1.1.1.2:1'}\n";
+    // Requests balanced by count: these tests are of the window, not of the time cost.
+    const TWO: &str = "windowDurationMs: 20\nbalanceBy: requests\nendpoints:\n  - {id: a, address: '1.1.1.1:1'}\n  - {id: b, address: '1.1.1.2:1'}\n";
 
     #[tokio::test]
     async fn a_window_plans_its_requests_together() {

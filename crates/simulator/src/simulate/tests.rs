@@ -34,6 +34,7 @@ fn burst(replicas: usize) -> Burst {
             max_per_replica: None,
             min_colocate_blocks: 0,
             balance_by: BalanceBy::Requests,
+            ..PlanParams::default()
         },
         None,
         1_000,
