@@ -44,7 +44,7 @@ fn stored(tokens: &[u32]) -> Batch {
 fn config(window_ms: u64) -> String {
     // Memory on (the default), token prompts hashed in 64-token blocks: an engine block is two.
     format!(
-        "windowDurationMs: {window_ms}\nmemory: {{loadHalfLifeMs: 0}}\n{}",
+        "windowDurationMs: {window_ms}\nbalanceBy: requests\nmemory: {{loadHalfLifeMs: 0}}\n{}",
         common::endpoints(4)
     )
 }

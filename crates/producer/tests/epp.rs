@@ -25,7 +25,7 @@ const DESTINATION: &str = "x-gateway-destination-endpoint";
 
 /// `n` endpoints `ns/e{i}` at `10.0.0.{i}:8000` (never contacted: the gateway routes, not us).
 fn endpoints(n: usize, window_ms: u64) -> String {
-    let mut yaml = format!("windowDurationMs: {window_ms}\nendpoints:\n");
+    let mut yaml = format!("windowDurationMs: {window_ms}\nbalanceBy: requests\nendpoints:\n");
     for i in 1..=n {
         yaml.push_str(&format!(
             "  - {{id: ns/e{i}, address: '10.0.0.{i}:8000'}}\n"

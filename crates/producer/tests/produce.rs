@@ -43,7 +43,7 @@ fn spread(answers: &[Value]) -> Vec<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_identical_prompts_lands_on_one_endpoint() {
-    let local = Local::start(&format!("windowDurationMs: 1500\n{}", endpoints(4))).await;
+    let local = Local::start(&format!("windowDurationMs: 1500\nbalanceBy: requests\n{}", endpoints(4))).await;
     let prompt = "You are a helpful assistant. ".repeat(40); // 1120 bytes: 280 tokens, 5 blocks.
     let answers = burst(&local, &completion(&prompt), 8).await;
 
@@ -93,7 +93,7 @@ async fn a_burst_of_identical_prompts_lands_on_one_endpoint() {
 async fn k_splits_a_group_as_the_spec_says() {
     for (k, expected) in [(2, vec![2, 2, 2, 2]), (4, vec![4, 4])] {
         let local = Local::start(&format!(
-            "windowDurationMs: 1500\nmaxPerReplica: {k}\n{}",
+            "windowDurationMs: 1500\nbalanceBy: requests\nmaxPerReplica: {k}\n{}",
             endpoints(4)
         ))
         .await;
@@ -105,7 +105,7 @@ async fn k_splits_a_group_as_the_spec_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_request_and_an_empty_prompt_get_no_affinity() {
-    let local = Local::start(&format!("windowDurationMs: 20\n{}", endpoints(2))).await;
+    let local = Local::start(&format!("windowDurationMs: 20\nbalanceBy: requests\n{}", endpoints(2))).await;
     for body in [
         completion("alone"),
         json!({"model": "m", "prompt": []}),
@@ -140,7 +140,7 @@ async fn a_lone_request_and_an_empty_prompt_get_no_affinity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_status_and_code() {
     let local = Local::start_with_limits(
-        &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &format!("windowDurationMs: 20\nbalanceBy: requests\n{}", endpoints(2)),
         Limits {
             max_body_bytes: 1024,
             ..Limits::default()
@@ -304,7 +304,7 @@ async fn no_endpoints_is_503_and_not_ready() {
 async fn a_full_window_is_planned_at_once() {
     // A 10 s window: only `maxBatchSize` can answer these within the test's patience.
     let local = Local::start(&format!(
-        "windowDurationMs: 10000\nmaxBatchSize: 2\n{}",
+        "windowDurationMs: 10000\nbalanceBy: requests\nmaxBatchSize: 2\n{}",
         endpoints(2)
     ))
     .await;
@@ -340,7 +340,7 @@ async fn a_full_window_is_planned_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_is_removed_before_planning() {
-    let local = Local::start(&format!("windowDurationMs: 3000\n{}", endpoints(2))).await;
+    let local = Local::start(&format!("windowDurationMs: 3000\nbalanceBy: requests\n{}", endpoints(2))).await;
     let client = local.client.clone();
     let url = format!("{}/v1/produce", local.base);
     let gone =
@@ -368,7 +368,7 @@ async fn a_client_that_goes_away_is_removed_before_planning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_change_applies_from_the_next_window() {
     let one =
-        "windowDurationMs: 1500\nendpoints:\n  - {id: ns/a-rank-0, address: '10.0.0.1:8000'}\n";
+        "windowDurationMs: 1500\nbalanceBy: requests\nendpoints:\n  - {id: ns/a-rank-0, address: '10.0.0.1:8000'}\n";
     let local = Local::start(one).await;
     let send = || {
         let client = local.client.clone();

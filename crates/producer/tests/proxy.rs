@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 /// `n` stub engines `e0..`, and the producer config that names them `ns/e{i}`.
 async fn engines(n: usize, window_ms: u64) -> (Vec<StubEngine>, String) {
-    common::stub_engines(n, &format!("windowDurationMs: {window_ms}\n")).await
+    common::stub_engines(n, &format!("windowDurationMs: {window_ms}\nbalanceBy: requests\n")).await
 }
 
 fn completion(prompt: &str) -> Value {
@@ -210,7 +210,7 @@ async fn a_dead_replica_is_retried_and_a_group_fails_over_together() {
     ];
     // `ns/a` sorts first: the planner's tie-break puts the group there.
     let yaml = format!(
-        "windowDurationMs: 300\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n  - {{id: ns/b, address: '{}'}}\n  - {{id: ns/c, address: '{}'}}\n",
+        "windowDurationMs: 300\nbalanceBy: requests\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n  - {{id: ns/b, address: '{}'}}\n  - {{id: ns/c, address: '{}'}}\n",
         dead_address(),
         stubs[0].addr(),
         stubs[1].addr()
@@ -272,7 +272,7 @@ async fn a_503_before_any_byte_is_retried_once_then_passed_on() {
         StubEngine::start(Options::with_id("fine")).await.unwrap(),
     ];
     let yaml = format!(
-        "windowDurationMs: 20\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n  - {{id: ns/b, address: '{}'}}\n",
+        "windowDurationMs: 20\nbalanceBy: requests\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n  - {{id: ns/b, address: '{}'}}\n",
         stubs[0].addr(),
         stubs[1].addr()
     );
@@ -288,7 +288,7 @@ async fn a_503_before_any_byte_is_retried_once_then_passed_on() {
         StubEngine::start(failing).await.unwrap(),
     ];
     let yaml = format!(
-        "windowDurationMs: 20\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n  - {{id: ns/b, address: '{}'}}\n",
+        "windowDurationMs: 20\nbalanceBy: requests\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n  - {{id: ns/b, address: '{}'}}\n",
         both[0].addr(),
         both[1].addr()
     );
@@ -338,7 +338,7 @@ async fn errors_a_client_can_act_on_in_openai_shape() {
 
     // Upstream failed: 502 naming the endpoint.
     let yaml = format!(
-        "windowDurationMs: 20\nendpoints:\n  - {{id: ns/gone, address: '{}'}}\n",
+        "windowDurationMs: 20\nbalanceBy: requests\nendpoints:\n  - {{id: ns/gone, address: '{}'}}\n",
         dead_address()
     );
     let local = Local::start(&yaml).await;

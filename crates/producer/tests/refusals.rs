@@ -36,7 +36,7 @@ fn too_large() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scoring_api_counts_each_refusal_once() {
-    let local = local(&format!("windowDurationMs: 20\n{}", common::endpoints(2))).await;
+    let local = local(&format!("windowDurationMs: 20\nbalanceBy: requests\n{}", common::endpoints(2))).await;
     let post = |path: &'static str, header: Option<&'static str>, body: String| {
         let mut request = local
             .client
@@ -64,7 +64,7 @@ async fn the_proxy_counts_its_refusals_and_not_a_replicas_failure() {
     // One replica that nothing listens on: a placed request fails there (502), and is counted
     // as placed, not as refused.
     let yaml = format!(
-        "windowDurationMs: 20\nendpoints:\n  - {{id: ns/dead, address: '{}'}}\n",
+        "windowDurationMs: 20\nbalanceBy: requests\nendpoints:\n  - {{id: ns/dead, address: '{}'}}\n",
         dead_address()
     );
     let local = local(&yaml).await;
@@ -90,7 +90,7 @@ async fn the_proxy_counts_its_refusals_and_not_a_replicas_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_picker_counts_its_own_refusals() {
-    let local = local(&format!("windowDurationMs: 20\n{}", common::endpoints(2))).await;
+    let local = local(&format!("windowDurationMs: 20\nbalanceBy: requests\n{}", common::endpoints(2))).await;
     let full_duplex = || {
         Some(data_plane::protocol(
             BodySendMode::FullDuplexStreamed,
@@ -157,7 +157,7 @@ async fn the_scoring_api_counts_a_request_past_its_bound_as_a_refusal() {
     // that never ends: both are answered 408 `request_timeout` and counted refused, not
     // cancelled.
     let producer = burst_prefix_core::Producer::with_config(
-        &format!("windowDurationMs: 10000\n{}", common::endpoints(2)),
+        &format!("windowDurationMs: 10000\nbalanceBy: requests\n{}", common::endpoints(2)),
         Limits::default(),
     )
     .unwrap();
