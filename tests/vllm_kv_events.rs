@@ -261,8 +261,9 @@ fn prompts_a_replica_computed_draw_the_proxys_requests_until_it_resets_its_cache
             .iter()
             .map(|r| ([127, 0, 0, 1], r.port).into())
             .collect();
+        // Balanced by requests: the test is of the events, not of the time cost.
         let planner = format!(
-            "windowDurationMs: 100\nmemory: {{enabled: true}}\nengines:\n  kvEvents: {{bind: \
+            "windowDurationMs: 100\nbalanceBy: requests\nmemory: {{enabled: true}}\nengines:\n  kvEvents: {{bind: \
              'tcp://127.0.0.1:{events_port}'}}\n  tokenizer: {{path: '{}'}}\n",
             model_dir().display()
         );
