@@ -185,6 +185,8 @@ mod tests {
         };
         let report = Report {
             setup: Setup {
+                provenance: Default::default(),
+                routes: Vec::new(),
                 engine: "vllm".into(),
                 replicas: 4,
                 engine_settings: String::new(),

@@ -13,6 +13,7 @@ use burst_prefix_engine_bench::engine::{
     Vllm,
 };
 use burst_prefix_engine_bench::prompts::{as_text, as_tokens, Request};
+use burst_prefix_engine_bench::provenance::Provenance;
 use burst_prefix_engine_bench::report::{Report, RouteFigures, Setup, WorkloadReport};
 use burst_prefix_engine_bench::routes::{self, Placeholders, Route, RouteKind};
 use burst_prefix_engine_bench::run::{client, run, RunOptions};
@@ -262,6 +263,8 @@ async fn bench_on(
     let text_prompts = matches!(engine, Engine::Vllm(_));
     let mut report = Report {
         setup: Setup {
+            provenance: Provenance::now(),
+            routes: routes.clone(),
             engine: format!("{} {}", engine.name(), probed.version),
             replicas: args.replicas,
             engine_settings: engine_settings(args, engine, &probed),
@@ -312,6 +315,12 @@ async fn bench_on(
             };
             let mut ran: Vec<&Route> = Vec::new();
             for route in &routes {
+                if let Some(why) = &route.pending {
+                    measured
+                        .skipped
+                        .push((route.name.clone(), format!("pending: {why}")));
+                    continue;
+                }
                 if route.session_header.is_some() && !has_sessions {
                     measured.skipped.push((
                         route.name.clone(),

@@ -46,6 +46,8 @@ pub struct Route {
     /// Sent with a conversation's turns, its id as the value; such a route runs only on
     /// workloads with conversations.
     pub session_header: Option<String>,
+    /// Listed but not run yet, and why (the report says so).
+    pub pending: Option<String>,
 }
 
 /// An entry of routes.yaml: a name and exactly one of the ways.
@@ -58,6 +60,7 @@ struct Entry {
     sglang_router: Option<Vec<String>>,
     vllm_router: Option<Vec<String>>,
     session_header: Option<String>,
+    pending: Option<String>,
 }
 
 /// Placeholders of a proxy's planner YAML, filled in by the bench from the engine.
@@ -176,6 +179,7 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
             name,
             kind,
             session_header: entry.session_header,
+            pending: entry.pending,
         };
         if routes
             .iter()
@@ -272,6 +276,7 @@ mod tests {
             name: "sglang-router cache_aware, --balance-abs-threshold 8".into(),
             kind: RouteKind::Direct(Direct::RoundRobin),
             session_header: None,
+            pending: None,
         };
         assert_eq!(
             route.slug(),
