@@ -77,6 +77,31 @@ pub fn exited_children() -> f64 {
         .map_or(f64::NAN, |ticks| ticks as f64 / TICKS_PER_SECOND)
 }
 
+/// Waits until the process groups `groups` together use at most `per_group` of a core each (a
+/// quarter second at a time), at most `timeout`; returns how long it waited. Simulators spend
+/// ~0.15 s of CPU each starting up, which would otherwise land in the first step's figures.
+pub async fn settle(
+    groups: &[u32],
+    per_group: f64,
+    timeout: std::time::Duration,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    let interval = std::time::Duration::from_millis(250);
+    let used = |readings: &BTreeMap<u32, f64>| -> f64 {
+        groups.iter().filter_map(|g| readings.get(g)).sum()
+    };
+    let mut before = used(&by_group());
+    while started.elapsed() < timeout {
+        tokio::time::sleep(interval).await;
+        let now = used(&by_group());
+        if now - before <= per_group * groups.len() as f64 * interval.as_secs_f64() {
+            break;
+        }
+        before = now;
+    }
+    started.elapsed()
+}
+
 /// The CPU seconds of named processes between two readings.
 #[derive(Clone, Debug, Default)]
 pub struct Meter {

@@ -21,10 +21,8 @@ pub fn enter() -> anyhow::Result<Option<ExitCode>> {
         if !status.success() {
             bail!("`ip link set lo up` failed ({status})");
         }
-        let interfaces: Vec<String> = std::fs::read_dir("/sys/class/net")?
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().to_string())
-            .collect();
+        // /proc/self/net is this namespace's (/sys/class/net is the mount's, the host's).
+        let interfaces = interfaces(&std::fs::read_to_string("/proc/self/net/dev")?);
         if interfaces != ["lo"] {
             bail!("the namespace has interfaces other than loopback: {interfaces:?}");
         }
@@ -41,4 +39,24 @@ pub fn enter() -> anyhow::Result<Option<ExitCode>> {
     Ok(Some(ExitCode::from(
         status.code().unwrap_or(1).clamp(0, 255) as u8,
     )))
+}
+
+/// The interface names of a /proc/net/dev table (two header lines, then `name: counters`).
+fn interfaces(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .skip(2)
+        .filter_map(|line| Some(line.split_once(':')?.0.trim().to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_interfaces_of_proc_net_dev() {
+        let table = "Inter-|   Receive |  Transmit\n face |bytes packets|bytes\n    lo:  0 0 0\n  eth0: 5 1 2\n";
+        assert_eq!(interfaces(table), ["lo", "eth0"]);
+    }
 }

@@ -49,14 +49,15 @@ impl ClientLatencies {
 pub struct SimFigures {
     /// `vllm:prefix_cache_hits_total / _queries_total`.
     pub hit_rate: f64,
-    /// Mean of queue time plus simulated prefill: the time to first token a client would see
-    /// without the network and the router.
+    /// Mean of queue time plus simulated prefill over the requests that got their first token:
+    /// the time to first token a client would see without the network and the router.
     pub ttft_mean_ms: f64,
     /// The prefill alone (`vllm:time_to_first_token_seconds`), its mean and quantiles
     /// interpolated within the simulator's buckets.
     pub prefill_mean_ms: f64,
     pub prefill_p50_ms: f64,
     pub prefill_p99_ms: f64,
+    /// Queue time per request (over every request, waiting or not).
     pub queue_mean_ms: f64,
     /// `vllm:e2e_request_latency_seconds`.
     pub e2e_mean_ms: f64,
@@ -82,11 +83,13 @@ impl SimFigures {
         let per_replica = &totals.per_replica_requests;
         SimFigures {
             hit_rate: totals.hit_rate(),
-            ttft_mean_ms: ms(totals.queue.mean() + totals.ttft.mean()),
+            // The simulator observes a queue time only for requests that waited: the queue's
+            // sum is spread over every request that reached its first token.
+            ttft_mean_ms: ms((totals.queue.sum + totals.ttft.sum) / totals.ttft.count),
             prefill_mean_ms: ms(totals.ttft.mean()),
             prefill_p50_ms: ms(totals.ttft.quantile(0.5)),
             prefill_p99_ms: ms(totals.ttft.quantile(0.99)),
-            queue_mean_ms: ms(totals.queue.mean()),
+            queue_mean_ms: ms(totals.queue.sum / totals.ttft.count),
             e2e_mean_ms: ms(totals.e2e.mean()),
             e2e_p50_ms: ms(totals.e2e.quantile(0.5)),
             e2e_p99_ms: ms(totals.e2e.quantile(0.99)),
