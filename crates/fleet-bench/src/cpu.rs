@@ -77,6 +77,26 @@ pub fn exited_children() -> f64 {
         .map_or(f64::NAN, |ticks| ticks as f64 / TICKS_PER_SECOND)
 }
 
+/// Seconds during which some runnable task waited for a CPU, machine-wide, since boot (PSI:
+/// /proc/pressure/cpu's `some total`, in microseconds); NaN without PSI. Over a step, its growth
+/// over the step's wall time is the share of the time the machine's cores were contended (by
+/// anything: this bench, or other work on the machine).
+pub fn pressure() -> f64 {
+    std::fs::read_to_string("/proc/pressure/cpu")
+        .ok()
+        .and_then(|text| parse_pressure(&text))
+        .map_or(f64::NAN, |us| us as f64 / 1e6)
+}
+
+fn parse_pressure(text: &str) -> Option<u64> {
+    text.lines()
+        .find(|line| line.starts_with("some "))?
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
 /// Waits until the process groups `groups` together use at most `per_group` of a core each (a
 /// quarter second at a time), at most `timeout`; returns how long it waited. Simulators spend
 /// ~0.15 s of CPU each starting up, which would otherwise land in the first step's figures.
@@ -146,6 +166,8 @@ mod tests {
         assert_eq!(parse_children(stat), Some(0));
         let with_children = "1 (a) S 1 1 1 0 -1 0 0 0 0 0 250 70 12 30 20 0 3";
         assert_eq!(parse_children(with_children), Some(42));
+        let psi = "some avg10=97.98 avg60=98.04 avg300=97.58 total=3938043809\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(parse_pressure(psi), Some(3_938_043_809));
         assert_eq!(parse_stat("garbage"), None);
     }
 

@@ -130,6 +130,9 @@ pub struct StepFigures {
     /// makespan).
     pub output_tokens_per_s: f64,
     pub cpu: Vec<CpuUse>,
+    /// The share of the step's wall time during which some task on the machine waited for a
+    /// CPU (/proc/pressure/cpu): how contended the cores were, by this bench or anything else.
+    pub cpu_pressure: f64,
 }
 
 impl StepFigures {
@@ -216,13 +219,16 @@ fn range(values: &[f64], decimals: usize) -> String {
 /// A figure of a step.
 pub type Pick = fn(&StepFigures) -> f64;
 
-/// The figures the summary shows as ratios to round-robin's, per step.
-pub const RATIOS: [(&str, Pick); 5] = [
+/// The figures the summary shows as ratios to round-robin's, per step: the client's, and the
+/// simulators' own time to first token (queue + prefill; for the RL steps, whose answers are not
+/// streamed, the only one).
+pub const RATIOS: [(&str, Pick); 6] = [
     ("makespan", |s| s.makespan_ms.unwrap_or(f64::NAN)),
     ("TTFT p50", |s| s.client.ttft_p50_ms),
     ("TTFT p99", |s| s.client.ttft_p99_ms),
     ("e2e p50", |s| s.client.e2e_p50_ms),
     ("e2e p99", |s| s.client.e2e_p99_ms),
+    ("sims' TTFT mean", |s| s.sims.ttft_mean_ms),
 ];
 
 impl Report {
@@ -305,13 +311,14 @@ impl Report {
         }
         out.push('\n');
         for (replicas, workload) in self.cells() {
+            let names: Vec<String> = RATIOS.iter().map(|(n, _)| format!("{n} x rr")).collect();
             let _ = writeln!(
                 out,
-                "**{workload}, {replicas} replicas**: ratios to round-robin over seeds and steps \
-                 (client side), and absolute figures.\n\n\
-                 | route | makespan x rr | TTFT p50 x rr | TTFT p99 x rr | e2e p50 x rr | \
-                 e2e p99 x rr | hit rate | makespan s | TTFT p50 ms | out tok/s |\n\
-                 |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "**{workload}, {replicas} replicas**: ratios to round-robin over seeds and steps, \
+                 and absolute figures.\n\n| route | {} | hit rate | makespan s | TTFT p50 ms | \
+                 out tok/s |\n|---|{}---:|---:|---:|---:|",
+                names.join(" | "),
+                "---:|".repeat(RATIOS.len())
             );
             for route in self.route_names() {
                 let runs = self.runs_of(replicas, workload, route);
@@ -319,41 +326,21 @@ impl Report {
                     continue;
                 }
                 let steps: Vec<&StepFigures> = runs.iter().flat_map(|r| &r.steps).collect();
-                let column = |f: Pick| range(&steps.iter().map(|s| f(s)).collect::<Vec<_>>(), 2);
+                let column = |f: &dyn Fn(&StepFigures) -> f64, decimals| {
+                    range(&steps.iter().map(|s| f(s)).collect::<Vec<_>>(), decimals)
+                };
                 let ratios: Vec<String> = RATIOS
                     .iter()
                     .map(|(_, pick)| range(&self.ratios(replicas, workload, route, *pick), 2))
                     .collect();
                 let _ = writeln!(
                     out,
-                    "| {route} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    ratios[0],
-                    ratios[1],
-                    ratios[2],
-                    ratios[3],
-                    ratios[4],
-                    column(|s| s.sims.hit_rate),
-                    range(
-                        &steps
-                            .iter()
-                            .map(|s| s.makespan_ms.unwrap_or(f64::NAN) / 1e3)
-                            .collect::<Vec<_>>(),
-                        1
-                    ),
-                    range(
-                        &steps
-                            .iter()
-                            .map(|s| s.client.ttft_p50_ms)
-                            .collect::<Vec<_>>(),
-                        0
-                    ),
-                    range(
-                        &steps
-                            .iter()
-                            .map(|s| s.output_tokens_per_s)
-                            .collect::<Vec<_>>(),
-                        0
-                    ),
+                    "| {route} | {} | {} | {} | {} | {} |",
+                    ratios.join(" | "),
+                    column(&|s| s.sims.hit_rate, 2),
+                    column(&|s| s.makespan_ms.unwrap_or(f64::NAN) / 1e3, 1),
+                    column(&|s| s.client.ttft_p50_ms, 0),
+                    column(&|s| s.output_tokens_per_s, 0),
                 );
             }
             out.push('\n');
@@ -369,8 +356,8 @@ impl Report {
                 "**{}, {} replicas, seed {}, {}**\n\n| step | rate | requests (failed) | \
                  makespan s | TTFT p50/p99 ms | e2e p50/p99 ms | TTFT mean ms client/sims | e2e \
                  mean ms client/sims | hit rate | per class | busiest/idlest replica | out tok/s \
-                 | CPU ms/request | busiest process, cores |\n|---|---:|---:|---:|---:|---:|---:|\
-                 ---:|---:|---|---|---:|---|---|",
+                 | CPU ms/request | busiest process, cores | CPU pressure |\n|---|---:|---:|---:|---:|\
+                 ---:|---:|---:|---:|---|---|---:|---|---|---:|",
                 run.workload, run.replicas, run.seed, run.route
             );
             for step in &run.steps {
@@ -389,7 +376,8 @@ impl Report {
                 let _ = writeln!(
                     out,
                     "| {} | {} | {} ({}) | {} | {:.0}/{:.0} | {:.0}/{:.0} | {:.0}/{:.0} | \
-                     {:.0}/{:.0} | {:.3} | {} | {:.0}/{:.0} | {:.0} | {} | {busiest} {cores:.2} |",
+                     {:.0}/{:.0} | {:.3} | {} | {:.0}/{:.0} | {:.0} | {} | {busiest} {cores:.2} | \
+                     {:.2} |",
                     step.step,
                     step.offered_rate.map_or("-".into(), |r| format!("{r}/s")),
                     step.requests,
@@ -410,6 +398,7 @@ impl Report {
                     step.sims.idlest_replica_requests,
                     step.output_tokens_per_s,
                     cpu.join(", "),
+                    step.cpu_pressure,
                 );
             }
             out.push('\n');
@@ -441,6 +430,7 @@ pub(crate) mod tests {
                 process: "client".into(),
                 seconds: 0.5,
             }],
+            cpu_pressure: 0.1,
         }
     }
 

@@ -277,10 +277,12 @@ async fn driver_steps(
     for (index, step) in steps.iter().enumerate() {
         let before = sim::scrape(fleet, &context.client).await?;
         let meter = cpu::Meter::start(watched.to_vec());
+        let pressure = cpu::pressure();
         let started = Instant::now();
         let outcomes = load::send_step(&context.client, &send, step).await;
         let wall = started.elapsed();
         let used = meter.read("client");
+        let pressure = (cpu::pressure() - pressure) / wall.as_secs_f64();
         let answered = outcomes.iter().filter(|o| o.error.is_none()).count() as f64;
         let totals = sim::settled(
             fleet,
@@ -339,6 +341,7 @@ fn driver_figures(
         sims: SimFigures::of(totals, classes, class_count),
         output_tokens_per_s: output_tokens as f64 / (makespan_ms / 1e3),
         cpu: merge_cpu(used),
+        cpu_pressure: f64::NAN,
     }
 }
 
@@ -347,6 +350,7 @@ struct Reading {
     at: Instant,
     cpu: BTreeMap<u32, f64>,
     own: f64,
+    pressure: f64,
     sims: SimTotals,
 }
 
@@ -367,6 +371,7 @@ impl StageWatcher for Readings<'_> {
             at: Instant::now(),
             cpu: cpu::by_group(),
             own: cpu::own(),
+            pressure: cpu::pressure(),
             sims: sim::scrape(self.fleet, self.client).await?,
         };
         match event {
@@ -435,13 +440,14 @@ async fn perf_stages(
         }
         let totals = end.sims.since(&start.sims);
         let requests = (report.successes + report.failures) as usize;
+        let wall_s = end.at.duration_since(start.at).as_secs_f64();
         figures.push(StepFigures {
             step: report.stage,
             offered_rate: rates.get(report.stage).copied().filter(|r| r.is_finite()),
             requests,
             failures: report.failures as usize,
             makespan_ms: None,
-            wall_s: end.at.duration_since(start.at).as_secs_f64(),
+            wall_s,
             client: ClientLatencies {
                 ttft_mean_ms: report.ttft_mean_ms,
                 ttft_p50_ms: report.ttft_p50_ms,
@@ -453,6 +459,7 @@ async fn perf_stages(
             sims: SimFigures::of(&totals, classes, class_count),
             output_tokens_per_s: report.output_tokens_per_s,
             cpu: merge_cpu(used),
+            cpu_pressure: (end.pressure - start.pressure) / wall_s,
         });
     }
     Ok(figures)
