@@ -76,12 +76,9 @@ struct Args {
     /// Run only these workloads (by name; default all).
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
-    /// Fleet sizes.
+    /// Fleet sizes (each workload runs on those of its own sizes that are listed here).
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     replicas: Vec<usize>,
-    /// Fleet sizes inference-perf's loads run on (the driver's run on every size).
-    #[arg(long, value_delimiter = ',', default_value = "16")]
-    perf_replicas: Vec<usize>,
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     seeds: Vec<u64>,
     /// A smoke run: small workloads, 16 replicas, one seed (unless given).
@@ -157,8 +154,23 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-/// The workloads, full or `--quick`; inference-perf's only on `perf_replicas`.
-fn workloads(quick: bool) -> Vec<Workload> {
+/// A workload and the fleet sizes it runs on.
+#[derive(serde::Serialize)]
+struct Planned {
+    workload: Workload,
+    replicas: Vec<usize>,
+}
+
+/// The workloads, full or `--quick` (on 16 replicas). A 256 x 16 step runs on 64 replicas only:
+/// on 16 it is 256 requests a replica, `--max-num-seqs` itself, and the simulators' own CPU for
+/// its 4,096 prompts (~10-13 ms each measured) makes it the slowest run of all. inference-perf's
+/// loads run on 16: its client costs 20-35 ms of CPU a request, so no rate it can offer here
+/// loads 64 replicas more than 16.
+fn workloads(quick: bool) -> Vec<Planned> {
+    let planned = |workload, replicas: &[usize]| Planned {
+        workload,
+        replicas: if quick { vec![16] } else { replicas.to_vec() },
+    };
     // RL answers: long-tailed, median 128 tokens, 2% at the cap of 512 (a step then lasts up to
     // 512 tokens' decode: 3 s on the fast class, 8.5 s on the slow).
     let rl_output = OutputLengths {
@@ -183,68 +195,86 @@ fn workloads(quick: bool) -> Vec<Workload> {
     };
     if quick {
         return vec![
-            rl(16, 4),
-            Workload::Agents(AgentWorkload {
-                agents: 2,
-                fanout: 4,
-                rounds: 1,
-                system_prompt_tokens: 1024,
-                min_suffix_tokens: 64,
-                max_suffix_tokens: 256,
-                output: agent_output,
-            }),
-            Workload::Perf(Load::SharedPrefix(SharedPrefixSweep {
-                groups: 4,
-                prompts_per_group: 8,
-                system_prompt_tokens: 1024,
-                question_tokens: 64,
-                output_tokens: 32,
-                rates: vec![4.0, 8.0],
-                stage_seconds: 4,
-            })),
-            Workload::Perf(Load::Conversations(Conversations {
-                conversations: 4,
-                turns: 2,
-                shared_system_prompt_tokens: 512,
-                own_system_prompt_tokens: 128,
-                input_tokens_per_turn: 64,
-                output_tokens_per_turn: 32,
-                requests: 16,
-            })),
+            planned(rl(16, 4), &[16]),
+            planned(
+                Workload::Agents(AgentWorkload {
+                    agents: 2,
+                    fanout: 4,
+                    rounds: 1,
+                    system_prompt_tokens: 1024,
+                    min_suffix_tokens: 64,
+                    max_suffix_tokens: 256,
+                    output: agent_output,
+                }),
+                &[16],
+            ),
+            planned(
+                Workload::Perf(Load::SharedPrefix(SharedPrefixSweep {
+                    groups: 4,
+                    prompts_per_group: 8,
+                    system_prompt_tokens: 1024,
+                    question_tokens: 64,
+                    output_tokens: 32,
+                    rates: vec![4.0, 8.0],
+                    stage_seconds: 4,
+                })),
+                &[16],
+            ),
+            planned(
+                Workload::Perf(Load::Conversations(Conversations {
+                    conversations: 4,
+                    turns: 2,
+                    shared_system_prompt_tokens: 512,
+                    own_system_prompt_tokens: 128,
+                    input_tokens_per_turn: 64,
+                    output_tokens_per_turn: 32,
+                    requests: 16,
+                })),
+                &[16],
+            ),
         ];
     }
     vec![
-        rl(64, 8),
-        rl(256, 16),
-        Workload::Agents(AgentWorkload {
-            agents: 8,
-            fanout: 16,
-            rounds: 2,
-            system_prompt_tokens: 2048,
-            min_suffix_tokens: 128,
-            max_suffix_tokens: 512,
-            output: agent_output,
-        }),
-        Workload::Perf(Load::SharedPrefix(SharedPrefixSweep {
-            groups: 16,
-            prompts_per_group: 16,
-            system_prompt_tokens: 2048,
-            question_tokens: 128,
-            output_tokens: 64,
-            // inference-perf's client costs ~20-35 ms of CPU a request here: 32/s is most of a
-            // core.
-            rates: vec![8.0, 16.0, 32.0],
-            stage_seconds: 6,
-        })),
-        Workload::Perf(Load::Conversations(Conversations {
-            conversations: 32,
-            turns: 4,
-            shared_system_prompt_tokens: 1024,
-            own_system_prompt_tokens: 256,
-            input_tokens_per_turn: 128,
-            output_tokens_per_turn: 64,
-            requests: 128,
-        })),
+        planned(rl(64, 8), &[16, 64]),
+        planned(rl(256, 16), &[64]),
+        planned(
+            Workload::Agents(AgentWorkload {
+                agents: 8,
+                fanout: 16,
+                rounds: 2,
+                system_prompt_tokens: 2048,
+                min_suffix_tokens: 128,
+                max_suffix_tokens: 512,
+                output: agent_output,
+            }),
+            &[16, 64],
+        ),
+        planned(
+            Workload::Perf(Load::SharedPrefix(SharedPrefixSweep {
+                groups: 16,
+                prompts_per_group: 16,
+                system_prompt_tokens: 2048,
+                question_tokens: 128,
+                output_tokens: 64,
+                // inference-perf's client costs ~20-35 ms of CPU a request here: 32/s is most of a
+                // core.
+                rates: vec![8.0, 16.0, 32.0],
+                stage_seconds: 5,
+            })),
+            &[16],
+        ),
+        planned(
+            Workload::Perf(Load::Conversations(Conversations {
+                conversations: 32,
+                turns: 4,
+                shared_system_prompt_tokens: 1024,
+                own_system_prompt_tokens: 256,
+                input_tokens_per_turn: 128,
+                output_tokens_per_turn: 64,
+                requests: 128,
+            })),
+            &[16],
+        ),
     ]
 }
 
@@ -285,13 +315,13 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     if let Some(unknown) = args
         .workloads
         .iter()
-        .find(|name| !all_workloads.iter().any(|w| &w.name() == *name))
+        .find(|name| !all_workloads.iter().any(|p| &p.workload.name() == *name))
     {
         bail!("--workloads: no workload {unknown}");
     }
-    let chosen_workloads: Vec<Workload> = all_workloads
+    let chosen_workloads: Vec<Planned> = all_workloads
         .into_iter()
-        .filter(|w| args.workloads.is_empty() || args.workloads.contains(&w.name()))
+        .filter(|p| args.workloads.is_empty() || args.workloads.contains(&p.workload.name()))
         .collect();
     let (replicas, seeds) = if args.quick {
         (vec![16], vec![args.seeds[0]])
@@ -353,11 +383,8 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     };
     for &size in &replicas {
         for &seed in &seeds {
-            for workload in &chosen_workloads {
-                if matches!(workload, Workload::Perf(_))
-                    && !args.quick
-                    && !args.perf_replicas.contains(&size)
-                {
+            for Planned { workload, replicas } in &chosen_workloads {
+                if !replicas.contains(&size) {
                     continue;
                 }
                 for route in chosen.iter().filter(|r| r.pending.is_none()) {

@@ -2,7 +2,9 @@
 //! simulators listen on every interface and have no flag to bind one address, and nothing the
 //! bench starts (simulators, producer, peer routers, inference-perf) can reach beyond it.
 
+use std::net::TcpListener;
 use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicU16, Ordering};
 
 use anyhow::{bail, Context};
 
@@ -41,6 +43,27 @@ pub fn enter() -> anyhow::Result<Option<ExitCode>> {
     )))
 }
 
+/// The next port for a server of the bench to listen on: counted up from 10,000, below the
+/// ephemeral ports outgoing connections take (32,768 and up), and checked free. The namespace is
+/// the bench's alone, so a port handed out is never taken by anything else; a free port the
+/// kernel picks (port 0) could be, by a client's connection, before the server binds it (64
+/// simulators started at once hit that).
+pub fn next_port() -> std::io::Result<u16> {
+    const FIRST: u16 = 10_000;
+    const COUNT: u16 = 22_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    // Round and round: the servers of earlier runs have stopped.
+    for _ in 0..COUNT {
+        let port = FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % COUNT;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other(
+        "no free port between 10000 and 32000",
+    ))
+}
+
 /// The interface names of a /proc/net/dev table (two header lines, then `name: counters`).
 fn interfaces(table: &str) -> Vec<String> {
     table
@@ -58,5 +81,11 @@ mod tests {
     fn reads_the_interfaces_of_proc_net_dev() {
         let table = "Inter-|   Receive |  Transmit\n face |bytes packets|bytes\n    lo:  0 0 0\n  eth0: 5 1 2\n";
         assert_eq!(interfaces(table), ["lo", "eth0"]);
+    }
+
+    #[test]
+    fn ports_are_handed_out_once() {
+        let (a, b) = (next_port().unwrap(), next_port().unwrap());
+        assert!(a >= 10_000 && b != a && b < 32_000);
     }
 }

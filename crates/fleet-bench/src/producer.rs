@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use burst_prefix_engine_bench::engine::{free_port, wait_healthy};
+use burst_prefix_engine_bench::engine::wait_healthy;
 use burst_prefix_engine_bench::process::Process;
 use tokio::process::Command;
 
@@ -51,9 +51,9 @@ impl Producer {
         let config_path: PathBuf = dir.join("producer.yaml");
         std::fs::write(&config_path, config(planner_yaml, replicas))
             .with_context(|| format!("cannot write {}", config_path.display()))?;
-        let port = free_port()?;
-        let admin_port = free_port()?;
-        let epp_port = free_port()?;
+        let port = crate::netns::next_port()?;
+        let admin_port = crate::netns::next_port()?;
+        let epp_port = crate::netns::next_port()?;
         let mut command = Command::new(binary);
         command
             .arg("serve")

@@ -67,6 +67,10 @@ pub struct SimFigures {
     pub output_tokens: f64,
     /// Requests per replica class (in fleet.yaml's order).
     pub requests_per_class: Vec<f64>,
+    /// The replicas' real prefill and decode times over the latency model's (1.0: on time; more:
+    /// the simulators were short of CPU and every time figure is stretched).
+    pub prefill_slowdown: f64,
+    pub decode_slowdown: f64,
     /// The most requests one replica served, and the fewest.
     pub busiest_replica_requests: f64,
     pub idlest_replica_requests: f64,
@@ -81,7 +85,10 @@ impl SimFigures {
             per_class[classes[replica]] += n;
         }
         let per_replica = &totals.per_replica_requests;
+        let (prefill_slowdown, decode_slowdown) = totals.slowdown();
         SimFigures {
+            prefill_slowdown,
+            decode_slowdown,
             hit_rate: totals.hit_rate(),
             // The simulator observes a queue time only for requests that waited: the queue's
             // sum is spread over every request that reached its first token.
@@ -315,8 +322,9 @@ impl Report {
             let _ = writeln!(
                 out,
                 "**{workload}, {replicas} replicas**: ratios to round-robin over seeds and steps, \
-                 and absolute figures.\n\n| route | {} | hit rate | makespan s | TTFT p50 ms | \
-                 out tok/s |\n|---|{}---:|---:|---:|---:|",
+                 and absolute figures (slowdown: the simulators' real decode time over their \
+                 model's, 1.0 when they had the CPU they needed).\n\n| route | {} | hit rate | \
+                 makespan s | TTFT p50 ms | out tok/s | slowdown |\n|---|{}---:|---:|---:|---:|---:|",
                 names.join(" | "),
                 "---:|".repeat(RATIOS.len())
             );
@@ -335,12 +343,13 @@ impl Report {
                     .collect();
                 let _ = writeln!(
                     out,
-                    "| {route} | {} | {} | {} | {} | {} |",
+                    "| {route} | {} | {} | {} | {} | {} | {} |",
                     ratios.join(" | "),
                     column(&|s| s.sims.hit_rate, 2),
                     column(&|s| s.makespan_ms.unwrap_or(f64::NAN) / 1e3, 1),
                     column(&|s| s.client.ttft_p50_ms, 0),
                     column(&|s| s.output_tokens_per_s, 0),
+                    column(&|s| s.sims.decode_slowdown, 2),
                 );
             }
             out.push('\n');
@@ -356,8 +365,8 @@ impl Report {
                 "**{}, {} replicas, seed {}, {}**\n\n| step | rate | requests (failed) | \
                  makespan s | TTFT p50/p99 ms | e2e p50/p99 ms | TTFT mean ms client/sims | e2e \
                  mean ms client/sims | hit rate | per class | busiest/idlest replica | out tok/s \
-                 | CPU ms/request | busiest process, cores | CPU pressure |\n|---|---:|---:|---:|---:|\
-                 ---:|---:|---:|---:|---|---|---:|---|---|---:|",
+                 | CPU ms/request | busiest process, cores | CPU pressure | sims' slowdown \
+                 prefill/decode |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---:|---:|",
                 run.workload, run.replicas, run.seed, run.route
             );
             for step in &run.steps {
@@ -377,7 +386,7 @@ impl Report {
                     out,
                     "| {} | {} | {} ({}) | {} | {:.0}/{:.0} | {:.0}/{:.0} | {:.0}/{:.0} | \
                      {:.0}/{:.0} | {:.3} | {} | {:.0}/{:.0} | {:.0} | {} | {busiest} {cores:.2} | \
-                     {:.2} |",
+                     {:.2} | {:.2}/{:.2} |",
                     step.step,
                     step.offered_rate.map_or("-".into(), |r| format!("{r}/s")),
                     step.requests,
@@ -399,6 +408,8 @@ impl Report {
                     step.output_tokens_per_s,
                     cpu.join(", "),
                     step.cpu_pressure,
+                    step.sims.prefill_slowdown,
+                    step.sims.decode_slowdown,
                 );
             }
             out.push('\n');

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
-use burst_prefix_engine_bench::engine::{free_port, wait_healthy};
+use burst_prefix_engine_bench::engine::wait_healthy;
 use burst_prefix_engine_bench::peers::PeerRouter;
 use burst_prefix_engine_bench::process::Process;
 use burst_prefix_engine_bench::routes::{Route, RouteKind};
@@ -75,7 +75,7 @@ impl Front {
         let client = &context.client;
         Ok(match &route.kind {
             RouteKind::Direct(policy) => {
-                let port = free_port()?;
+                let port = crate::netns::next_port()?;
                 let mut command = Command::new(&context.bench_binary);
                 command
                     .arg("front")
@@ -292,15 +292,10 @@ async fn driver_steps(
             Duration::from_secs(10),
         )
         .await?;
-        figures.push(driver_figures(
-            index,
-            &outcomes,
-            wall,
-            used,
-            &totals,
-            classes,
-            class_count,
-        ));
+        let mut step_figures =
+            driver_figures(index, &outcomes, wall, used, &totals, classes, class_count);
+        step_figures.cpu_pressure = pressure;
+        figures.push(step_figures);
         if let Some(error) = outcomes.iter().find_map(|o| o.error.as_ref()) {
             eprintln!("  step {index}: a request failed: {error}");
         }
