@@ -237,21 +237,11 @@ async fn bench_on(
             Engine::LlamaCpp(e) => e.model.display().to_string(),
         },
     };
-    let routes: Vec<Route> = routes::parse(&text, &placeholders)?;
-    if let Some(unknown) = args
-        .only_routes
-        .iter()
-        .find(|name| !routes.iter().any(|r| &&r.name == name))
-    {
-        bail!(
-            "--only-routes: no route {unknown:?} in {}",
-            args.routes.display()
-        );
-    }
-    let routes: Vec<Route> = routes
-        .into_iter()
-        .filter(|r| args.only_routes.is_empty() || args.only_routes.contains(&r.name))
-        .collect();
+    let routes = routes::only(
+        routes::parse(&text, &placeholders)?,
+        &args.only_routes,
+        &args.routes,
+    )?;
     let workloads = bench_workloads();
     if let Some(unknown) = args
         .workloads

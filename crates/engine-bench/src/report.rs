@@ -197,7 +197,7 @@ impl WorkloadReport {
 }
 
 /// `lo-hi` of `values` (one value when they agree to the shown precision).
-fn range(values: &[f64], decimals: usize) -> String {
+pub fn range(values: &[f64], decimals: usize) -> String {
     let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
     if finite.is_empty() {
         return "-".into();

@@ -137,6 +137,25 @@ impl Route {
     }
 }
 
+/// The routes named in `names` (all when it is empty), in the file's order; a name that is no
+/// route of `file` is refused (the `--only-routes` of the benches).
+pub fn only(
+    routes: Vec<Route>,
+    names: &[String],
+    file: &std::path::Path,
+) -> anyhow::Result<Vec<Route>> {
+    if let Some(unknown) = names
+        .iter()
+        .find(|name| !routes.iter().any(|r| &&r.name == name))
+    {
+        bail!("--only-routes: no route {unknown:?} in {}", file.display());
+    }
+    Ok(routes
+        .into_iter()
+        .filter(|r| names.is_empty() || names.contains(&r.name))
+        .collect())
+}
+
 /// Parses routes.yaml, fills in the placeholders, and checks every proxy config.
 pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Route>> {
     let entries: Vec<Entry> = serde_yaml::from_str(text).context("routes")?;
@@ -268,6 +287,20 @@ mod tests {
         assert!(error.contains("refused"), "{error}");
         let no_rr = "- {name: ll, direct: least-loaded}";
         assert!(parse(no_rr, &placeholders()).is_err());
+    }
+
+    #[test]
+    fn only_the_named_routes_are_kept_and_an_unknown_name_is_refused() {
+        let text = "- {name: rr, direct: round-robin}\n- {name: ll, direct: least-loaded}";
+        let routes = parse(text, &placeholders()).unwrap();
+        let file = std::path::Path::new("routes.yaml");
+        assert_eq!(only(routes.clone(), &[], file).unwrap().len(), 2);
+        let kept = only(routes.clone(), &["ll".to_string()], file).unwrap();
+        assert_eq!(kept[0].name, "ll");
+        let error = only(routes, &["nope".to_string()], file)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("\"nope\""), "{error}");
     }
 
     #[test]

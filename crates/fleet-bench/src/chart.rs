@@ -6,31 +6,12 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use burst_prefix_engine_bench::chart::{colour, grouped_bars};
+
 use crate::report::{Pick, Report, StepFigures, RATIOS};
 
 const WIDTH: u32 = 1400;
 const ROW: u32 = 460;
-
-/// Direct routes grey-blue, ours orange-brown, peers green and purple.
-fn colour(route: &str, index: usize) -> RGBColor {
-    let shade = |base: (u8, u8, u8), i: usize| {
-        let k = (i % 4) as u8 * 30;
-        RGBColor(
-            base.0.saturating_add(k),
-            base.1.saturating_add(k),
-            base.2.saturating_add(k),
-        )
-    };
-    if route.starts_with("ours") {
-        shade((170, 60, 10), index)
-    } else if route.starts_with("sglang") {
-        shade((30, 110, 60), index)
-    } else if route.starts_with("vllm-router") {
-        shade((90, 60, 140), index)
-    } else {
-        shade((70, 90, 120), index)
-    }
-}
 
 /// The chart as an SVG document.
 pub fn svg(report: &Report) -> Result<String, String> {
@@ -199,62 +180,11 @@ fn bars(
                 .collect()
         })
         .collect();
-    let top = values
+    let labels: Vec<String> = cells
         .iter()
-        .flatten()
-        .flatten()
-        .fold(1.0, |a: f64, &b| a.max(b))
-        * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 15))
-        .margin(16)
-        .x_label_area_size(30)
-        .y_label_area_size(44)
-        .build_cartesian_2d(0.0..cells.len() as f64, 0.0..top)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(0)
-        .y_max_light_lines(1)
-        .y_label_style(("sans-serif", 12))
-        .y_label_formatter(&|y| format!("{y:.1}"))
-        .draw()?;
-    let width = 0.8 / routes.len().max(1) as f64;
-    for (i, per_route) in values.iter().enumerate() {
-        for (j, value) in per_route.iter().enumerate() {
-            let Some(value) = *value else { continue };
-            let x0 = i as f64 + 0.1 + j as f64 * width;
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(x0 + 0.004, 0.0), (x0 + width - 0.004, value)],
-                colour(routes[j], j).filled(),
-            )))?;
-        }
-        let (replicas, workload) = &cells[i];
-        chart.draw_series(std::iter::once(Text::new(
-            format!("{workload}, {replicas}"),
-            (i as f64 + 0.3, -top * 0.02),
-            ("sans-serif", 12).into_font().color(&BLACK),
-        )))?;
-    }
-    chart.draw_series(std::iter::once(PathElement::new(
-        vec![(0.0, 1.0), (cells.len() as f64, 1.0)],
-        BLACK.stroke_width(1),
-    )))?;
-    for (j, route) in routes.iter().enumerate() {
-        let colour = colour(route, j);
-        chart
-            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
-            .label(route.to_string())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 11))
-        .draw()?;
-    Ok(())
+        .map(|(replicas, workload)| format!("{workload}, {replicas}"))
+        .collect();
+    grouped_bars(area, caption, &labels, &routes, &values, false)
 }
 
 #[cfg(test)]

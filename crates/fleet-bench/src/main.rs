@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use burst_prefix_engine_bench::engine::free_port;
 use burst_prefix_engine_bench::provenance::{self, Provenance};
-use burst_prefix_engine_bench::routes::{self, Direct, Placeholders, Route};
+use burst_prefix_engine_bench::routes::{self, Direct, Placeholders};
 use burst_prefix_fleet_bench::fleet::FleetConfig;
 use burst_prefix_fleet_bench::inference_perf::{Conversations, Load, SharedPrefixSweep};
 use burst_prefix_fleet_bench::load::{AgentWorkload, OutputLengths, RlShape, RlWorkload};
@@ -296,21 +296,11 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     };
     let text = std::fs::read_to_string(&args.routes)
         .with_context(|| format!("cannot read {}", args.routes.display()))?;
-    let all_routes = routes::parse(&text, &placeholders)?;
-    if let Some(unknown) = args
-        .only_routes
-        .iter()
-        .find(|name| !all_routes.iter().any(|r| &&r.name == name))
-    {
-        bail!(
-            "--only-routes: no route {unknown:?} in {}",
-            args.routes.display()
-        );
-    }
-    let chosen: Vec<Route> = all_routes
-        .into_iter()
-        .filter(|r| args.only_routes.is_empty() || args.only_routes.contains(&r.name))
-        .collect();
+    let chosen = routes::only(
+        routes::parse(&text, &placeholders)?,
+        &args.only_routes,
+        &args.routes,
+    )?;
     let all_workloads = workloads(args.quick);
     if let Some(unknown) = args
         .workloads

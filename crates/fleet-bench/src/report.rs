@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use burst_prefix_engine_bench::provenance::Provenance;
-use burst_prefix_engine_bench::report::percentile;
+use burst_prefix_engine_bench::report::{percentile, range};
 use burst_prefix_engine_bench::routes::Route;
 use serde::Serialize;
 
@@ -205,22 +205,6 @@ pub struct Report {
     pub setup: Setup,
     pub runs: Vec<RunFigures>,
     pub skipped: Vec<Skipped>,
-}
-
-/// `lo-hi` of the finite `values` (one value when they agree to the shown precision).
-fn range(values: &[f64], decimals: usize) -> String {
-    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-    if finite.is_empty() {
-        return "-".into();
-    }
-    let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let (lo, hi) = (format!("{lo:.decimals$}"), format!("{hi:.decimals$}"));
-    if lo == hi {
-        lo
-    } else {
-        format!("{lo}-{hi}")
-    }
 }
 
 /// A figure of a step.
