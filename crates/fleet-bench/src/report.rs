@@ -307,8 +307,10 @@ impl Report {
                 out,
                 "**{workload}, {replicas} replicas**: ratios to round-robin over seeds and steps, \
                  and absolute figures (slowdown: the simulators' real decode time over their \
-                 model's, 1.0 when they had the CPU they needed).\n\n| route | {} | hit rate | \
-                 makespan s | TTFT p50 ms | out tok/s | slowdown |\n|---|{}---:|---:|---:|---:|---:|",
+                 model's, 1.0 when they had the CPU they needed; route CPU: the front's, \
+                 router's or producer's CPU per request).\n\n| route | {} | hit rate | \
+                 makespan s | TTFT p50 ms | out tok/s | slowdown | route CPU ms/req |\n\
+                 |---|{}---:|---:|---:|---:|---:|---:|",
                 names.join(" | "),
                 "---:|".repeat(RATIOS.len())
             );
@@ -327,13 +329,14 @@ impl Report {
                     .collect();
                 let _ = writeln!(
                     out,
-                    "| {route} | {} | {} | {} | {} | {} | {} |",
+                    "| {route} | {} | {} | {} | {} | {} | {} | {} |",
                     ratios.join(" | "),
                     column(&|s| s.sims.hit_rate, 2),
                     column(&|s| s.makespan_ms.unwrap_or(f64::NAN) / 1e3, 1),
                     column(&|s| s.client.ttft_p50_ms, 0),
                     column(&|s| s.output_tokens_per_s, 0),
                     column(&|s| s.sims.decode_slowdown, 2),
+                    column(&|s| s.cpu_ms_per_request("route"), 2),
                 );
             }
             out.push('\n');
