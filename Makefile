@@ -30,7 +30,7 @@ NODE_DEPS := tests/node/install-deps.sh
 # The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
 FUZZ_SMOKE := fuzz/smoke.sh
 
-.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine crds e2e-node e2e-kind
+.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine bench-fleet crds e2e-node e2e-kind
 
 test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 	@tests/vllm/summary.sh "$(BURST_PREFIX_REAL_ENGINE_TESTS_LOG)"
@@ -131,3 +131,23 @@ else ifeq ($(ENGINE),llama.cpp)
 else
 	@echo "ENGINE is llama.cpp or vllm, not $(ENGINE)" >&2; exit 2
 endif
+
+# Placement in time on 16 and 64 replicas of llm-d's vLLM simulator (not part of `make test`; see
+# bench/fleet/README.md): installs llm-d-inference-sim (pinned; BURST_PREFIX_LLM_D_SIM gives a
+# binary where the Go module proxy refuses it), inference-perf and the peer routers into the cache,
+# builds the producer and the bench in release (their CPU is measured), and runs the bench in a
+# network namespace of its own. FLEET_BENCH_ARGS=--quick is a smoke run.
+FLEET_BENCH_ARGS ?=
+INFERENCE_PERF_SETUP := bench/fleet/inference-perf/setup.sh
+bench-fleet:
+	bench/fleet/install-sim.sh
+	$(INFERENCE_PERF_SETUP)
+	$(PEER_ROUTERS_SETUP)
+	nice -n 10 $(CARGO) build --release --locked -p burst-prefix-producer -p burst-prefix-fleet-bench
+	target/release/burst-prefix-fleet-bench run \
+		--sim "$$(bench/fleet/install-sim.sh --print-bin)" \
+		--producer target/release/burst-prefix-producer \
+		--peers-python "$$($(PEER_ROUTERS_SETUP) --print-python)" \
+		--inference-perf-python "$$($(INFERENCE_PERF_SETUP) --print-python)" \
+		--inference-perf-tokenizer "$$($(INFERENCE_PERF_SETUP) --print-tokenizer)" \
+		$(FLEET_BENCH_ARGS)

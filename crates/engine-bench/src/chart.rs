@@ -10,8 +10,8 @@ use crate::report::{Report, RouteFigures, WorkloadReport};
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 560;
 
-/// Direct routes grey-blue, ours orange-brown, peers green and purple.
-fn colour(route: &str, index: usize) -> RGBColor {
+/// Direct routes grey-blue, ours (`proxy...`, `ours...`) orange-brown, peers green and purple.
+pub fn colour(route: &str, index: usize) -> RGBColor {
     let shade = |base: (u8, u8, u8), i: usize| {
         let k = (i % 4) as u8 * 28;
         RGBColor(
@@ -20,7 +20,7 @@ fn colour(route: &str, index: usize) -> RGBColor {
             base.2.saturating_add(k),
         )
     };
-    if route.starts_with("proxy") {
+    if route.starts_with("proxy") || route.starts_with("ours") {
         shade((150, 50, 20), index)
     } else if route.starts_with("sglang") {
         shade((30, 110, 60), index)
@@ -95,6 +95,21 @@ fn bars(
                 .collect()
         })
         .collect();
+    let labels: Vec<String> = workloads.iter().map(|w| w.to_string()).collect();
+    grouped_bars(area, caption, &labels, &routes, &values, true)
+}
+
+/// Bars in groups: one group per label, one bar per route (`values[group][route]`, `None`: no
+/// bar), each route in its colour, a line at 1, a legend; with `value_labels`, each bar's value
+/// above it. The engine bench's and the fleet bench's charts both draw these.
+pub fn grouped_bars(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    labels: &[String],
+    routes: &[&str],
+    values: &[Vec<Option<f64>>],
+    value_labels: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let top = values
         .iter()
         .flatten()
@@ -106,7 +121,7 @@ fn bars(
         .margin(16)
         .x_label_area_size(30)
         .y_label_area_size(44)
-        .build_cartesian_2d(0.0..workloads.len() as f64, 0.0..top)?;
+        .build_cartesian_2d(0.0..labels.len() as f64, 0.0..top)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -124,17 +139,19 @@ fn bars(
                 [(x0 + 0.005, 0.0), (x0 + width - 0.005, value)],
                 colour(routes[j], j).filled(),
             )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                format!("{value:.2}"),
-                (x0 + width / 2.0, value + top * 0.01),
-                ("sans-serif", 9)
-                    .into_font()
-                    .color(&BLACK)
-                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
-            )))?;
+            if value_labels {
+                chart.draw_series(std::iter::once(Text::new(
+                    format!("{value:.2}"),
+                    (x0 + width / 2.0, value + top * 0.01),
+                    ("sans-serif", 9)
+                        .into_font()
+                        .color(&BLACK)
+                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
+                )))?;
+            }
         }
         chart.draw_series(std::iter::once(Text::new(
-            workloads[i].to_string(),
+            labels[i].clone(),
             (i as f64 + 0.5, -top * 0.02),
             ("sans-serif", 14)
                 .into_font()
@@ -143,7 +160,7 @@ fn bars(
         )))?;
     }
     chart.draw_series(std::iter::once(PathElement::new(
-        vec![(0.0, 1.0), (workloads.len() as f64, 1.0)],
+        vec![(0.0, 1.0), (labels.len() as f64, 1.0)],
         BLACK.stroke_width(1),
     )))?;
     for (j, route) in routes.iter().enumerate() {
@@ -185,6 +202,8 @@ mod tests {
         };
         let report = Report {
             setup: Setup {
+                provenance: Default::default(),
+                routes: Vec::new(),
                 engine: "vllm".into(),
                 replicas: 4,
                 engine_settings: String::new(),

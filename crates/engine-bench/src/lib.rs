@@ -10,7 +10,8 @@
 //! - [`prompts`] turns the workloads into what clients send (text, chat, or token IDs);
 //!   [`usage`] reads the engine's usage fields; [`bound`] is the lower bound on computed tokens;
 //! - [`workloads`] are the simulator's generators at bench sizes; [`check`] runs the simulator on
-//!   the same prompts; [`report`] and [`chart`] publish the figures.
+//!   the same prompts; [`report`] and [`chart`] publish the figures, with [`provenance`]: when,
+//!   from which commit, on how many cores.
 
 pub mod bound;
 pub mod chart;
@@ -21,6 +22,7 @@ pub mod peers;
 pub mod process;
 pub mod producer;
 pub mod prompts;
+pub mod provenance;
 pub mod report;
 pub mod routes;
 pub mod run;

@@ -13,6 +13,7 @@ use burst_prefix_engine_bench::engine::{
     Vllm,
 };
 use burst_prefix_engine_bench::prompts::{as_text, as_tokens, Request};
+use burst_prefix_engine_bench::provenance::Provenance;
 use burst_prefix_engine_bench::report::{Report, RouteFigures, Setup, WorkloadReport};
 use burst_prefix_engine_bench::routes::{self, Placeholders, Route, RouteKind};
 use burst_prefix_engine_bench::run::{client, run, RunOptions};
@@ -236,21 +237,11 @@ async fn bench_on(
             Engine::LlamaCpp(e) => e.model.display().to_string(),
         },
     };
-    let routes: Vec<Route> = routes::parse(&text, &placeholders)?;
-    if let Some(unknown) = args
-        .only_routes
-        .iter()
-        .find(|name| !routes.iter().any(|r| &&r.name == name))
-    {
-        bail!(
-            "--only-routes: no route {unknown:?} in {}",
-            args.routes.display()
-        );
-    }
-    let routes: Vec<Route> = routes
-        .into_iter()
-        .filter(|r| args.only_routes.is_empty() || args.only_routes.contains(&r.name))
-        .collect();
+    let routes = routes::only(
+        routes::parse(&text, &placeholders)?,
+        &args.only_routes,
+        &args.routes,
+    )?;
     let workloads = bench_workloads();
     if let Some(unknown) = args
         .workloads
@@ -262,6 +253,8 @@ async fn bench_on(
     let text_prompts = matches!(engine, Engine::Vllm(_));
     let mut report = Report {
         setup: Setup {
+            provenance: Provenance::now(),
+            routes: routes.clone(),
             engine: format!("{} {}", engine.name(), probed.version),
             replicas: args.replicas,
             engine_settings: engine_settings(args, engine, &probed),
@@ -312,6 +305,12 @@ async fn bench_on(
             };
             let mut ran: Vec<&Route> = Vec::new();
             for route in &routes {
+                if let Some(why) = &route.pending {
+                    measured
+                        .skipped
+                        .push((route.name.clone(), format!("pending: {why}")));
+                    continue;
+                }
                 if route.session_header.is_some() && !has_sessions {
                     measured.skipped.push((
                         route.name.clone(),

@@ -1,6 +1,7 @@
 //! Reading an engine's Prometheus text exposition (`GET /metrics`): the sum of one metric's
-//! samples whose labels match, and one label of an info metric. Enough for vLLM's counters; not
-//! a general parser (no escapes inside label values are needed for them).
+//! samples whose labels match, one label of an info metric, and a histogram's cumulative
+//! buckets. Enough for vLLM's (and llm-d-inference-sim's) metrics; not a general parser (no
+//! escapes inside label values are needed for them).
 
 /// One sample: its metric name, its labels and its value.
 #[derive(Debug, PartialEq)]
@@ -64,6 +65,29 @@ pub fn label(text: &str, name: &str, label: &str) -> Option<String> {
         .map(|(_, value)| value.to_string())
 }
 
+/// The cumulative buckets of histogram `name` (its `name_bucket` samples), summed over every
+/// other label: `(upper bound, count)`, in increasing bound, `+Inf` last.
+pub fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let series = format!("{name}_bucket");
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for sample in samples(text).filter(|s| s.name == series) {
+        let Some(bound) = sample.labels.iter().find(|(key, _)| *key == "le").and_then(
+            |(_, value)| match *value {
+                "+Inf" => Some(f64::INFINITY),
+                other => other.parse().ok(),
+            },
+        ) else {
+            continue;
+        };
+        match buckets.iter_mut().find(|(b, _)| *b == bound) {
+            Some((_, count)) => *count += sample.value,
+            None => buckets.push((bound, sample.value)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +100,11 @@ vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"
 vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny"} 1.0
 vllm:cache_config_info{block_size="128",cache_dtype="auto",num_gpu_blocks="2048"} 1.0
 process_open_fds 12
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.01"} 3
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.1"} 5
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} 6
+vllm:time_to_first_token_seconds_bucket{model_name="n",le="0.1"} 1
+vllm:time_to_first_token_seconds_sum{model_name="m"} 0.75
 "#;
 
     #[test]
@@ -89,6 +118,19 @@ process_open_fds 12
         assert_eq!(sum(TEXT, "vllm:request_success_total", &[]), Some(8.0));
         assert_eq!(sum(TEXT, "process_open_fds", &[]), Some(12.0));
         assert_eq!(sum(TEXT, "vllm:missing", &[]), None);
+    }
+
+    #[test]
+    fn sums_a_histograms_buckets_over_labels() {
+        assert_eq!(
+            buckets(TEXT, "vllm:time_to_first_token_seconds"),
+            vec![(0.01, 3.0), (0.1, 6.0), (f64::INFINITY, 6.0)]
+        );
+        assert_eq!(
+            sum(TEXT, "vllm:time_to_first_token_seconds_sum", &[]),
+            Some(0.75)
+        );
+        assert!(buckets(TEXT, "vllm:missing").is_empty());
     }
 
     #[test]

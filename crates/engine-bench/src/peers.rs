@@ -120,6 +120,11 @@ impl PeerRouter {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Its process group (see [`Process::group`]).
+    pub fn group(&self) -> Option<u32> {
+        self.process.group()
+    }
+
     /// Its Prometheus metrics (empty when it serves none).
     pub async fn metrics(&self, client: &reqwest::Client) -> String {
         let response = client

@@ -54,6 +54,12 @@ impl Process {
         &self.log
     }
 
+    /// Its process group (its own pid), while it has not been stopped: what the fleet bench
+    /// reads the CPU time of the process and its children by.
+    pub fn group(&self) -> Option<u32> {
+        self.group
+    }
+
     /// SIGTERM to its group (so that logs are flushed and children are stopped by their
     /// parent), then SIGKILL to the group if it has not exited within `grace`.
     pub async fn stop(mut self, grace: Duration) {

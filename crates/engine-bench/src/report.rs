@@ -5,6 +5,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::provenance::Provenance;
+use crate::routes::Route;
 use crate::run::RunRecord;
 
 /// The `p`-th percentile (nearest rank) of `values`.
@@ -126,6 +128,10 @@ pub struct WorkloadReport {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Setup {
+    /// When, from which commit, on how many cores.
+    pub provenance: Provenance,
+    /// Every route run, with its configuration as given.
+    pub routes: Vec<Route>,
     pub engine: String,
     pub replicas: usize,
     /// The engine's settings, in words.
@@ -191,7 +197,7 @@ impl WorkloadReport {
 }
 
 /// `lo-hi` of `values` (one value when they agree to the shown precision).
-fn range(values: &[f64], decimals: usize) -> String {
+pub fn range(values: &[f64], decimals: usize) -> String {
     let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
     if finite.is_empty() {
         return "-".into();
@@ -240,6 +246,12 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
+            "Run {} from commit {} on {} cores (load average {} at the start); the routes' \
+             configs are in the JSON's `setup.routes`.\n",
+            s.provenance.date, s.provenance.commit, s.provenance.cores, s.provenance.load_average
+        );
+        let _ = writeln!(
+            out,
             "{} {} replicas ({}); model {}; prompts as {}; {} generated tokens per request; \
              seeds {:?}. Ratios are to round-robin in the same run (x rr) and to the lower bound \
              (x bound). *Busiest* is Σ over steps of the busiest replica's computed tokens: the \
@@ -266,14 +278,14 @@ impl Report {
                 .iter()
                 .filter(|w| w.workload == name)
                 .collect();
-            let first = runs[0];
+            // Every seed's own count: the generators draw how many requests a step has.
             let _ =
                 writeln!(
                 out,
                 "**{name}**: {} steps, {} requests; over seeds {}: {} prompt tokens, lower bound \
                  {} computed tokens.\n",
-                first.steps,
-                first.requests,
+                range(&runs.iter().map(|w| w.steps as f64).collect::<Vec<_>>(), 0),
+                range(&runs.iter().map(|w| w.requests as f64).collect::<Vec<_>>(), 0),
                 runs.iter().map(|w| w.seed.to_string()).collect::<Vec<_>>().join(", "),
                 range(&runs.iter().map(|w| w.prompt_tokens as f64).collect::<Vec<_>>(), 0),
                 range(&runs.iter().map(|w| w.lower_bound_tokens as f64).collect::<Vec<_>>(), 0),
@@ -427,7 +439,7 @@ mod tests {
             workload: "grpo".into(),
             seed,
             steps: 1,
-            requests: 2,
+            requests: 2 + seed as usize,
             prompt_tokens: 400,
             lower_bound_tokens: 100,
             lower_bound_busiest: 50,
@@ -441,6 +453,8 @@ mod tests {
         };
         let report = Report {
             setup: Setup {
+                provenance: Provenance::default(),
+                routes: Vec::new(),
                 engine: "vllm".into(),
                 replicas: 2,
                 engine_settings: String::new(),
@@ -453,6 +467,11 @@ mod tests {
             workloads: vec![workload(1, 175), workload(2, 125)],
         };
         let markdown = report.to_markdown();
+        // Each seed's own request count, not the first seed's.
+        assert!(
+            markdown.contains("**grpo**: 1 steps, 3-4 requests; over seeds 1, 2"),
+            "{markdown}"
+        );
         assert!(
             markdown.contains("Direct fraction 0.25: that share"),
             "{markdown}"

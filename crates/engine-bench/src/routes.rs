@@ -46,6 +46,8 @@ pub struct Route {
     /// Sent with a conversation's turns, its id as the value; such a route runs only on
     /// workloads with conversations.
     pub session_header: Option<String>,
+    /// Listed but not run yet, and why (the report says so).
+    pub pending: Option<String>,
 }
 
 /// An entry of routes.yaml: a name and exactly one of the ways.
@@ -58,6 +60,7 @@ struct Entry {
     sglang_router: Option<Vec<String>>,
     vllm_router: Option<Vec<String>>,
     session_header: Option<String>,
+    pending: Option<String>,
 }
 
 /// Placeholders of a proxy's planner YAML, filled in by the bench from the engine.
@@ -134,6 +137,25 @@ impl Route {
     }
 }
 
+/// The routes named in `names` (all when it is empty), in the file's order; a name that is no
+/// route of `file` is refused (the `--only-routes` of the benches).
+pub fn only(
+    routes: Vec<Route>,
+    names: &[String],
+    file: &std::path::Path,
+) -> anyhow::Result<Vec<Route>> {
+    if let Some(unknown) = names
+        .iter()
+        .find(|name| !routes.iter().any(|r| &&r.name == name))
+    {
+        bail!("--only-routes: no route {unknown:?} in {}", file.display());
+    }
+    Ok(routes
+        .into_iter()
+        .filter(|r| names.is_empty() || names.contains(&r.name))
+        .collect())
+}
+
 /// Parses routes.yaml, fills in the placeholders, and checks every proxy config.
 pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Route>> {
     let entries: Vec<Entry> = serde_yaml::from_str(text).context("routes")?;
@@ -176,6 +198,7 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
             name,
             kind,
             session_header: entry.session_header,
+            pending: entry.pending,
         };
         if routes
             .iter()
@@ -267,11 +290,26 @@ mod tests {
     }
 
     #[test]
+    fn only_the_named_routes_are_kept_and_an_unknown_name_is_refused() {
+        let text = "- {name: rr, direct: round-robin}\n- {name: ll, direct: least-loaded}";
+        let routes = parse(text, &placeholders()).unwrap();
+        let file = std::path::Path::new("routes.yaml");
+        assert_eq!(only(routes.clone(), &[], file).unwrap().len(), 2);
+        let kept = only(routes.clone(), &["ll".to_string()], file).unwrap();
+        assert_eq!(kept[0].name, "ll");
+        let error = only(routes, &["nope".to_string()], file)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("\"nope\""), "{error}");
+    }
+
+    #[test]
     fn slugs_are_file_names() {
         let route = Route {
             name: "sglang-router cache_aware, --balance-abs-threshold 8".into(),
             kind: RouteKind::Direct(Direct::RoundRobin),
             session_header: None,
+            pending: None,
         };
         assert_eq!(
             route.slug(),

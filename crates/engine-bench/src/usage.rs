@@ -11,6 +11,8 @@ use serde::Deserialize;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineUsage {
     pub prompt_tokens: u64,
+    /// Tokens generated (0 when the answer does not say).
+    pub completion_tokens: u64,
     /// Prompt tokens taken from the prefix cache (a slot's KV or the host prompt cache).
     pub cached_tokens: u64,
     /// llama-server's `timings`, when sent.
@@ -60,6 +62,8 @@ struct Answer {
 #[derive(Deserialize)]
 struct Usage {
     prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
     #[serde(default)]
     prompt_tokens_details: Option<PromptTokensDetails>,
 }
@@ -115,6 +119,7 @@ fn checked(usage: Usage, timings: Option<Timings>) -> Result<EngineUsage, UsageE
     }
     Ok(EngineUsage {
         prompt_tokens: prompt,
+        completion_tokens: usage.completion_tokens,
         cached_tokens: cached,
         timings,
     })
