@@ -66,7 +66,7 @@ async fn policy_pods_configmap_producer_and_churn() {
     })
     .await;
     let config = producer_config(&client, &ns, "rl-producer").await.unwrap();
-    assert_eq!(config.planner.window_duration_ms, 200);
+    assert_eq!(config.planner.window_duration_ms, Some(200));
     assert_eq!(config.endpoints[0].address, "10.1.0.1:8000");
 
     // Status: discovered and valid; the producer is not available until its Deployment says so

@@ -53,11 +53,12 @@ pub enum Placement {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlannerConfig {
     /// Length of the collection window in milliseconds, fixed from its first request
-    /// (1..=10000); 0 is zero-wait: no window, each request is placed the moment it arrives,
-    /// from the placements still in flight.
-    #[serde(default = "default_window_duration_ms")]
+    /// (1..=10000; 100 when unset in window mode); 0 is zero-wait: no window, each request is
+    /// placed the moment it arrives, from the placements still in flight. Setting it (above 0)
+    /// asks for window placement unless `placement` says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = WINDOW_DURATION_MS_MIN, max = WINDOW_DURATION_MS_MAX))]
-    pub window_duration_ms: i64,
+    pub window_duration_ms: Option<i64>,
     /// k: at most this many members of one group on one replica; -1 is unlimited.
     #[serde(default = "unlimited")]
     #[schemars(range(min = UNLIMITED))]
@@ -84,8 +85,8 @@ pub struct PlannerConfig {
     /// memory, `requests` without (a config without memory places exactly as llm-d does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balance_by: Option<BalanceBy>,
-    /// `window` or `onArrival`. Unset: `onArrival` when windowDurationMs is 0, else the
-    /// default (docs/behaviour.md §3 says which and why).
+    /// `window` or `onArrival`. Unset: `window` when windowDurationMs is set above 0,
+    /// `onArrival` when it is 0, else the default (docs/behaviour.md §3 says which and why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
     /// What the time cost (`balanceBy: time`) assumes of requests and replicas until the engines
@@ -266,12 +267,11 @@ pub struct MemoryConfig {
     pub load_half_life_ms: i64,
 }
 
-fn default_window_duration_ms() -> i64 {
-    100
-}
+/// windowDurationMs when a window is asked for without a length (the seed's 100 ms).
+pub const DEFAULT_WINDOW_DURATION_MS: i64 = 100;
 
 /// How requests are placed when the config does not say (docs/behaviour.md §3).
-pub const DEFAULT_PLACEMENT: Placement = Placement::Window;
+pub const DEFAULT_PLACEMENT: Placement = Placement::OnArrival;
 fn unlimited() -> i64 {
     UNLIMITED
 }
@@ -307,7 +307,7 @@ impl Default for MemoryConfig {
 impl Default for PlannerConfig {
     fn default() -> Self {
         PlannerConfig {
-            window_duration_ms: default_window_duration_ms(),
+            window_duration_ms: None,
             max_per_replica: unlimited(),
             block_size_tokens: default_block_size_tokens(),
             max_prefix_tokens_to_match: 0,
@@ -346,16 +346,16 @@ pub const RULES: &[Rule] = &[
     Rule {
         field: "windowDurationMs",
         requirement: "must be 0 (zero-wait) or between 1 and 10000",
-        cel: "self.windowDurationMs >= 0 && self.windowDurationMs <= 10000",
-        value: |c| c.window_duration_ms,
-        holds: |c| (WINDOW_DURATION_MS_MIN..=WINDOW_DURATION_MS_MAX).contains(&c.window_duration_ms),
+        cel: "!has(self.windowDurationMs) || (self.windowDurationMs >= 0 && self.windowDurationMs <= 10000)",
+        value: |c| c.window_ms(),
+        holds: |c| (WINDOW_DURATION_MS_MIN..=WINDOW_DURATION_MS_MAX).contains(&c.window_ms()),
     },
     Rule {
         field: "placement",
         requirement: "must not be window when windowDurationMs is 0",
         cel: "!has(self.placement) || self.placement != 'window' || !has(self.windowDurationMs) || self.windowDurationMs != 0",
-        value: |c| c.window_duration_ms,
-        holds: |c| c.placement != Some(Placement::Window) || c.window_duration_ms != 0,
+        value: |c| c.window_ms(),
+        holds: |c| c.placement != Some(Placement::Window) || c.window_ms() != 0,
     },
     Rule {
         field: "maxPerReplica",
@@ -398,11 +398,9 @@ pub const RULES: &[Rule] = &[
     Rule {
         field: "idleSealMs",
         requirement: "must be 0 (off), or between 1 and windowDurationMs",
-        cel: "self.idleSealMs == 0 || (self.idleSealMs >= 1 && self.idleSealMs <= self.windowDurationMs)",
+        cel: "self.idleSealMs == 0 || (self.idleSealMs >= 1 && self.idleSealMs <= (has(self.windowDurationMs) ? self.windowDurationMs : 100))",
         value: |c| c.idle_seal_ms,
-        holds: |c| {
-            c.idle_seal_ms == 0 || (c.idle_seal_ms >= 1 && c.idle_seal_ms <= c.window_duration_ms)
-        },
+        holds: |c| c.idle_seal_ms == 0 || (c.idle_seal_ms >= 1 && c.idle_seal_ms <= c.window_ms()),
     },
     Rule {
         field: "memory.cacheTokensPerReplica",
@@ -546,13 +544,19 @@ impl PlannerConfig {
         })
     }
 
-    /// How requests are placed: `placement`, else on arrival when windowDurationMs is 0, else
-    /// [`DEFAULT_PLACEMENT`].
+    /// How requests are placed: `placement`; else a window when windowDurationMs asks for one
+    /// (above 0), on arrival when it is 0, [`DEFAULT_PLACEMENT`] when it is unset.
     pub fn placement(&self) -> Placement {
         self.placement.unwrap_or(match self.window_duration_ms {
-            0 => Placement::OnArrival,
-            _ => DEFAULT_PLACEMENT,
+            Some(0) => Placement::OnArrival,
+            Some(_) => Placement::Window,
+            None => DEFAULT_PLACEMENT,
         })
+    }
+
+    /// The window's length in window mode: windowDurationMs, else the seed's 100 ms.
+    pub fn window_ms(&self) -> i64 {
+        self.window_duration_ms.unwrap_or(DEFAULT_WINDOW_DURATION_MS)
     }
 
     /// The planner's view of a validated config.
@@ -628,7 +632,7 @@ mod tests {
     fn defaults_match_the_spec_and_are_valid() {
         let config: PlannerConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(config, PlannerConfig::default());
-        assert_eq!(config.window_duration_ms, 100);
+        assert_eq!((config.window_duration_ms, config.window_ms()), (None, 100));
         assert_eq!(config.max_per_replica, -1);
         assert_eq!(config.block_size_tokens, 64);
         assert_eq!(config.max_prefix_tokens_to_match, 0);
@@ -705,9 +709,9 @@ mod tests {
 
     #[test]
     fn every_rule_rejects_its_field() {
-        assert_eq!(invalid(|c| c.window_duration_ms = -1), ["windowDurationMs"]);
+        assert_eq!(invalid(|c| c.window_duration_ms = Some(-1)), ["windowDurationMs"]);
         assert_eq!(
-            invalid(|c| c.window_duration_ms = 10_001),
+            invalid(|c| c.window_duration_ms = Some(10_001)),
             ["windowDurationMs"]
         );
         assert_eq!(invalid(|c| c.max_per_replica = 0), ["maxPerReplica"]);
@@ -730,7 +734,7 @@ mod tests {
         assert_eq!(invalid(|c| c.idle_seal_ms = 101), ["idleSealMs"]);
         assert_eq!(
             invalid(|c| {
-                c.window_duration_ms = -1;
+                c.window_duration_ms = Some(-1);
                 c.max_batch_size = -5;
             }),
             ["windowDurationMs", "maxBatchSize"]
@@ -774,7 +778,7 @@ mod tests {
     #[test]
     fn boundaries_are_valid() {
         let config = PlannerConfig {
-            window_duration_ms: 10_000,
+            window_duration_ms: Some(10_000),
             max_per_replica: 1,
             block_size_tokens: 1,
             max_prefix_tokens_to_match: 1,
@@ -816,13 +820,13 @@ mod tests {
     #[test]
     fn a_zero_window_is_zero_wait_and_valid_without_an_idle_seal() {
         let zero_wait = PlannerConfig {
-            window_duration_ms: 0,
+            window_duration_ms: Some(0),
             ..PlannerConfig::default()
         };
         zero_wait.validate().unwrap();
         assert_eq!(
             invalid(|c| {
-                c.window_duration_ms = 0;
+                c.window_duration_ms = Some(0);
                 c.idle_seal_ms = 1;
             }),
             ["idleSealMs"]

@@ -157,7 +157,7 @@ endpoints:
     #[test]
     fn parses_flat_fields_and_endpoints() {
         let config = ProducerConfig::from_yaml(GOOD).unwrap();
-        assert_eq!(config.planner.window_duration_ms, 50);
+        assert_eq!(config.planner.window_duration_ms, Some(50));
         assert_eq!(config.planner.max_per_replica, 4);
         assert_eq!(config.planner.block_size_tokens, 64);
         assert_eq!(config.endpoints.len(), 2);

@@ -92,7 +92,7 @@ impl Settings {
     fn of(planner: &PlannerConfig) -> Self {
         Settings {
             on_arrival: planner.placement() == Placement::OnArrival,
-            window: Duration::from_millis(u64::try_from(planner.window_duration_ms).unwrap_or(0)),
+            window: Duration::from_millis(u64::try_from(planner.window_ms()).unwrap_or(0)),
             block_spec: planner.block_spec(),
             plan: planner.plan_params(),
             max_batch_size: planner.max_batch_size(),

@@ -19,7 +19,7 @@ fn policy(route: &Route, replicas: usize, step_ms: u64) -> Option<Box<dyn Policy
         RouteKind::Direct(Direct::LeastLoaded) => Box::new(LeastLoaded::new(replicas)),
         RouteKind::Proxy { .. } => {
             let config = route.planner()?;
-            if config.window_duration_ms == 0 {
+            if config.placement() == burst_prefix_api::Placement::OnArrival {
                 return None;
             }
             Box::new(Burst::new(
@@ -100,9 +100,9 @@ mod tests {
 - {name: round-robin, direct: round-robin}
 - {name: peer, sglangRouter: []}
 - name: "off"
-  proxy: "blockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: false}"
+  proxy: "windowDurationMs: 100\nblockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: false}"
 - name: "on"
-  proxy: "blockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: true}"
+  proxy: "windowDurationMs: 100\nblockSizeTokens: 64\nbalanceBy: tokens\nmemory: {enabled: true}"
 "#;
 
     #[test]

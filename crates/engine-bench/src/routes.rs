@@ -244,7 +244,7 @@ mod tests {
         let windowed_memory = routes
             .iter()
             .filter_map(Route::planner)
-            .filter(|p| p.window_duration_ms > 0)
+            .filter(|p| p.placement() == burst_prefix_api::Placement::Window)
             .filter_map(|p| p.memory_settings());
         assert!(windowed_memory.clone().count() >= 3);
         for memory in windowed_memory {
@@ -264,7 +264,7 @@ mod tests {
             .find(|r| r.name == "proxy, zero-wait")
             .and_then(Route::planner)
             .expect("the zero-wait route");
-        assert_eq!(zero_wait.window_duration_ms, 0);
+        assert_eq!(zero_wait.window_duration_ms, Some(0));
         assert!(!routes[0].hears_kv_events());
     }
 

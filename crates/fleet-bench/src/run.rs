@@ -499,12 +499,12 @@ mod tests {
             })
             .unwrap()
         );
-        assert_eq!(default.window_duration_ms, 100);
+        assert_eq!(default.window_duration_ms, None);
         let on_arrival = routes
             .iter()
             .find(|r| r.name == "ours, on arrival")
             .unwrap();
-        assert_eq!(on_arrival.planner().unwrap().window_duration_ms, 0);
+        assert_eq!(on_arrival.planner().unwrap().window_duration_ms, Some(0));
         // The KV-events route is listed, pending, with a reason.
         let events = routes.iter().find(|r| r.hears_kv_events()).unwrap();
         assert!(events.pending.as_deref().unwrap().contains("kv@"));

@@ -340,8 +340,10 @@ fn report(
     );
     let _ = writeln!(
         out,
-        "  config    windowDurationMs {}, blockSizeTokens {}, maxPerReplica {}, minColocateBlocks {}",
-        planner.window_duration_ms,
+        "  config    placement {:?}, windowDurationMs {}, balanceBy {:?}, blockSizeTokens {}, maxPerReplica {}, minColocateBlocks {}",
+        planner.placement(),
+        planner.window_ms(),
+        planner.balance(),
         planner.block_size_tokens,
         planner.max_per_replica,
         planner.min_colocate_blocks

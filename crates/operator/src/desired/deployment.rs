@@ -91,7 +91,7 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
         )
         .filter(|volumes: &Vec<_>| !volumes.is_empty()),
         termination_grace_period_seconds: Some(termination_grace_period_seconds(
-            u64::try_from(policy.spec.planner.window_duration_ms).unwrap_or_default(),
+            u64::try_from(policy.spec.planner.window_ms()).unwrap_or_default(),
             drain_timeout_ms(policy),
         )),
         image_pull_secrets: (!defaults.image_pull_secrets.is_empty()).then(|| {
