@@ -499,12 +499,28 @@ mod tests {
             })
             .unwrap()
         );
-        assert_eq!(default.window_duration_ms, None);
-        let on_arrival = routes
-            .iter()
-            .find(|r| r.name == "ours, on arrival")
-            .unwrap();
-        assert_eq!(on_arrival.planner().unwrap().window_duration_ms, Some(0));
+        assert_eq!(default.placement(), burst_prefix_api::Placement::OnArrival);
+        assert_eq!(default.balance(), burst_prefix_api::BalanceBy::Time);
+        let planner = |name: &str| {
+            routes
+                .iter()
+                .find(|r| r.name == name)
+                .and_then(Route::planner)
+                .unwrap()
+        };
+        assert_eq!(
+            planner("ours, window").placement(),
+            burst_prefix_api::Placement::Window
+        );
+        assert_eq!(planner("ours, learned speeds").engines.load_interval_ms, 250);
+        let before = planner("ours, before (window, requests)");
+        assert_eq!(
+            (before.placement(), before.balance()),
+            (
+                burst_prefix_api::Placement::Window,
+                burst_prefix_api::BalanceBy::Requests
+            )
+        );
         // The KV-events route is listed, pending, with a reason.
         let events = routes.iter().find(|r| r.hears_kv_events()).unwrap();
         assert!(events.pending.as_deref().unwrap().contains("kv@"));
