@@ -592,10 +592,9 @@ fn engine_load_is_scraped_from_vllms_metrics() {
             json!({"model": "tiny", "prompt": text(7, 300), "max_tokens": 1}),
         )
         .await;
-        let (load, counters) =
-            scrape_load(&client, &vllm.url("/metrics"), Duration::from_secs(5))
-                .await
-                .expect("a scrape");
+        let (load, counters) = scrape_load(&client, &vllm.url("/metrics"), Duration::from_secs(5))
+            .await
+            .expect("a scrape");
         // The counters the time cost learns a replica's speed from (docs/behaviour.md §7).
         assert!(counters.prompt_tokens >= 300.0, "{counters:?}");
         assert!(counters.prefill_requests >= 1.0, "{counters:?}");

@@ -556,7 +556,8 @@ impl PlannerConfig {
 
     /// The window's length in window mode: windowDurationMs, else the seed's 100 ms.
     pub fn window_ms(&self) -> i64 {
-        self.window_duration_ms.unwrap_or(DEFAULT_WINDOW_DURATION_MS)
+        self.window_duration_ms
+            .unwrap_or(DEFAULT_WINDOW_DURATION_MS)
     }
 
     /// The planner's view of a validated config.
@@ -581,8 +582,12 @@ impl PlannerConfig {
                 BalanceBy::Tokens => burst_prefix_planner::BalanceBy::Tokens,
                 BalanceBy::Time => burst_prefix_planner::BalanceBy::Time,
             },
-            block_tokens: u32::try_from(self.block_size_tokens).unwrap_or(u32::MAX).max(1),
-            output_tokens: u32::try_from(self.time.output_tokens).unwrap_or(u32::MAX).max(1),
+            block_tokens: u32::try_from(self.block_size_tokens)
+                .unwrap_or(u32::MAX)
+                .max(1),
+            output_tokens: u32::try_from(self.time.output_tokens)
+                .unwrap_or(u32::MAX)
+                .max(1),
         }
     }
 
@@ -646,9 +651,18 @@ mod tests {
         // The config's nanoseconds are the planner's default speed, to the nanosecond.
         let (config_speed, default) = (config.time.speed(), burst_prefix_planner::Speed::default());
         for (a, b) in [
-            (config_speed.prefill_seconds_per_token, default.prefill_seconds_per_token),
-            (config_speed.prefill_overhead_seconds, default.prefill_overhead_seconds),
-            (config_speed.decode_seconds_per_step, default.decode_seconds_per_step),
+            (
+                config_speed.prefill_seconds_per_token,
+                default.prefill_seconds_per_token,
+            ),
+            (
+                config_speed.prefill_overhead_seconds,
+                default.prefill_overhead_seconds,
+            ),
+            (
+                config_speed.decode_seconds_per_step,
+                default.decode_seconds_per_step,
+            ),
             (
                 config_speed.decode_seconds_per_step_per_sequence,
                 default.decode_seconds_per_step_per_sequence,
@@ -709,7 +723,10 @@ mod tests {
 
     #[test]
     fn every_rule_rejects_its_field() {
-        assert_eq!(invalid(|c| c.window_duration_ms = Some(-1)), ["windowDurationMs"]);
+        assert_eq!(
+            invalid(|c| c.window_duration_ms = Some(-1)),
+            ["windowDurationMs"]
+        );
         assert_eq!(
             invalid(|c| c.window_duration_ms = Some(10_001)),
             ["windowDurationMs"]

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
 use burst_prefix_engine_state::speed::{Counters, SpeedLearner};
+use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
 use burst_prefix_engine_state::{EngineIndex, IndexConfig};
 use burst_prefix_planner::{BlockHash, Memory, Prompt, Speed};
 use prometheus::{IntCounterVec, Opts, Registry};

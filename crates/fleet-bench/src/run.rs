@@ -512,7 +512,10 @@ mod tests {
             planner("ours, window").placement(),
             burst_prefix_api::Placement::Window
         );
-        assert_eq!(planner("ours, learned speeds").engines.load_interval_ms, 250);
+        assert_eq!(
+            planner("ours, learned speeds").engines.load_interval_ms,
+            250
+        );
         let before = planner("ours, before (window, requests)");
         assert_eq!(
             (before.placement(), before.balance()),

@@ -871,9 +871,15 @@ impl InFlight {
         blocks.len() as f64 * f64::from(params.block_tokens) - self.held_tokens(replica, params)
     }
 
-    /// Time mode: the prompt tokens of the walked request that `replica` holds.
+    /// Time mode: the prompt tokens of the walked request that `replica` holds (none when it
+    /// holds fewer than N blocks: a shorter prefix is not followed).
     fn held_tokens(&self, replica: u32, params: &PlanParams) -> f64 {
         let held = self.matches.get(replica as usize).copied().unwrap_or(0);
+        let held = if (held as usize) < params.min_colocate_blocks {
+            0
+        } else {
+            held
+        };
         f64::from(held) * f64::from(params.block_tokens)
     }
 

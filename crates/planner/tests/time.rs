@@ -212,3 +212,30 @@ fn window_with(
 ) -> Plan {
     assign_with_memory(&batch(prompts), replicas, &params(), memory, 0)
 }
+
+#[test]
+fn a_prefix_shorter_than_min_colocate_blocks_is_not_followed() {
+    let ids = replica_ids(4);
+    let mut memory = memory(1_000_000, 0);
+    let history = blocks(7, 0, 7, 512);
+    let home = window_with(
+        &mut memory,
+        std::slice::from_ref(&history),
+        &fleet(&ids, &[]),
+    )
+    .assignments[0]
+        .unwrap();
+    // Its replica runs one request more than the others: the history (512 blocks) is worth
+    // following, unless N asks for more blocks than it has.
+    let mut replicas = fleet(&ids, &[]);
+    replicas[home].pace.busy.requests = 1.0;
+    let next = blocks(7, 0, 7, 520);
+    let plan = window_with(&mut memory, std::slice::from_ref(&next), &replicas);
+    assert_eq!(plan.assignments[0], Some(home));
+    let strict = PlanParams {
+        min_colocate_blocks: 600,
+        ..params()
+    };
+    let plan = assign_with_memory(&batch(&[next]), &replicas, &strict, &mut memory, 0);
+    assert_ne!(plan.assignments[0], Some(home));
+}

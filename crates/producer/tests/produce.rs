@@ -43,7 +43,11 @@ fn spread(answers: &[Value]) -> Vec<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_identical_prompts_lands_on_one_endpoint() {
-    let local = Local::start(&format!("windowDurationMs: 1500\nbalanceBy: requests\n{}", endpoints(4))).await;
+    let local = Local::start(&format!(
+        "windowDurationMs: 1500\nbalanceBy: requests\n{}",
+        endpoints(4)
+    ))
+    .await;
     let prompt = "You are a helpful assistant. ".repeat(40); // 1120 bytes: 280 tokens, 5 blocks.
     let answers = burst(&local, &completion(&prompt), 8).await;
 
@@ -105,7 +109,11 @@ async fn k_splits_a_group_as_the_spec_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_request_and_an_empty_prompt_get_no_affinity() {
-    let local = Local::start(&format!("windowDurationMs: 20\nbalanceBy: requests\n{}", endpoints(2))).await;
+    let local = Local::start(&format!(
+        "windowDurationMs: 20\nbalanceBy: requests\n{}",
+        endpoints(2)
+    ))
+    .await;
     for body in [
         completion("alone"),
         json!({"model": "m", "prompt": []}),
@@ -140,7 +148,10 @@ async fn a_lone_request_and_an_empty_prompt_get_no_affinity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_status_and_code() {
     let local = Local::start_with_limits(
-        &format!("windowDurationMs: 20\nbalanceBy: requests\n{}", endpoints(2)),
+        &format!(
+            "windowDurationMs: 20\nbalanceBy: requests\n{}",
+            endpoints(2)
+        ),
         Limits {
             max_body_bytes: 1024,
             ..Limits::default()
@@ -340,7 +351,11 @@ async fn a_full_window_is_planned_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_is_removed_before_planning() {
-    let local = Local::start(&format!("windowDurationMs: 3000\nbalanceBy: requests\n{}", endpoints(2))).await;
+    let local = Local::start(&format!(
+        "windowDurationMs: 3000\nbalanceBy: requests\n{}",
+        endpoints(2)
+    ))
+    .await;
     let client = local.client.clone();
     let url = format!("{}/v1/produce", local.base);
     let gone =

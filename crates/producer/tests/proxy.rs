@@ -13,7 +13,11 @@ use serde_json::{json, Value};
 
 /// `n` stub engines `e0..`, and the producer config that names them `ns/e{i}`.
 async fn engines(n: usize, window_ms: u64) -> (Vec<StubEngine>, String) {
-    common::stub_engines(n, &format!("windowDurationMs: {window_ms}\nbalanceBy: requests\n")).await
+    common::stub_engines(
+        n,
+        &format!("windowDurationMs: {window_ms}\nbalanceBy: requests\n"),
+    )
+    .await
 }
 
 fn completion(prompt: &str) -> Value {

@@ -36,7 +36,11 @@ fn too_large() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scoring_api_counts_each_refusal_once() {
-    let local = local(&format!("windowDurationMs: 20\nbalanceBy: requests\n{}", common::endpoints(2))).await;
+    let local = local(&format!(
+        "windowDurationMs: 20\nbalanceBy: requests\n{}",
+        common::endpoints(2)
+    ))
+    .await;
     let post = |path: &'static str, header: Option<&'static str>, body: String| {
         let mut request = local
             .client
@@ -90,7 +94,11 @@ async fn the_proxy_counts_its_refusals_and_not_a_replicas_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_picker_counts_its_own_refusals() {
-    let local = local(&format!("windowDurationMs: 20\nbalanceBy: requests\n{}", common::endpoints(2))).await;
+    let local = local(&format!(
+        "windowDurationMs: 20\nbalanceBy: requests\n{}",
+        common::endpoints(2)
+    ))
+    .await;
     let full_duplex = || {
         Some(data_plane::protocol(
             BodySendMode::FullDuplexStreamed,
@@ -157,7 +165,10 @@ async fn the_scoring_api_counts_a_request_past_its_bound_as_a_refusal() {
     // that never ends: both are answered 408 `request_timeout` and counted refused, not
     // cancelled.
     let producer = burst_prefix_core::Producer::with_config(
-        &format!("windowDurationMs: 10000\nbalanceBy: requests\n{}", common::endpoints(2)),
+        &format!(
+            "windowDurationMs: 10000\nbalanceBy: requests\n{}",
+            common::endpoints(2)
+        ),
         Limits::default(),
     )
     .unwrap();

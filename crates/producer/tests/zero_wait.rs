@@ -36,7 +36,11 @@ async fn rollout(local: &Local, hinted: bool) -> BTreeMap<String, BTreeSet<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_to_produce_follows_its_first_members_and_spreads_groups_without_a_window() {
     for hinted in [false, true] {
-        let local = Local::start(&format!("windowDurationMs: 0\nbalanceBy: requests\n{}", common::endpoints(4))).await;
+        let local = Local::start(&format!(
+            "windowDurationMs: 0\nbalanceBy: requests\n{}",
+            common::endpoints(4)
+        ))
+        .await;
         let landed = rollout(&local, hinted).await;
         for (prompt, endpoints) in &landed {
             assert_eq!(endpoints.len(), 1, "{prompt:.20} split: {endpoints:?}");
@@ -120,7 +124,11 @@ async fn the_proxy_places_on_arrival_and_a_finished_request_stops_counting() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_picker_places_on_arrival() {
-    let local = Local::start(&format!("windowDurationMs: 0\nbalanceBy: requests\n{}", common::endpoints(4))).await;
+    let local = Local::start(&format!(
+        "windowDurationMs: 0\nbalanceBy: requests\n{}",
+        common::endpoints(4)
+    ))
+    .await;
     let full_duplex = || {
         Some(data_plane::protocol(
             BodySendMode::FullDuplexStreamed,

@@ -285,11 +285,7 @@ impl Policy for Burst {
     }
 
     fn route(&mut self, step: &[HashedRequest]) -> Vec<usize> {
-        let replicas: Vec<Replica<'_>> = self
-            .ids
-            .iter()
-            .map(|id| Replica::new(id))
-            .collect();
+        let replicas: Vec<Replica<'_>> = self.ids.iter().map(|id| Replica::new(id)).collect();
         let batch: Vec<BatchRequest<'_>> = step
             .iter()
             .map(|request| BatchRequest {
@@ -354,10 +350,7 @@ impl ZeroWait {
             load_half_life_ms: decay_half_life_ms.unwrap_or(0),
         });
         let ids = replica_ids(replicas);
-        let list: Vec<Replica<'_>> = ids
-            .iter()
-            .map(|id| Replica::new(id))
-            .collect();
+        let list: Vec<Replica<'_>> = ids.iter().map(|id| Replica::new(id)).collect();
         in_flight.set_replicas(&list);
         ZeroWait {
             params,

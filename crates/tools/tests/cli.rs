@@ -35,7 +35,10 @@ fn demo_reports_where_the_burst_landed_and_exits_0() {
         for r in 0..4 {
             let line = stdout
                 .lines()
-                .find(|l| l.trim_start().starts_with(&format!("demo/vllm-{r}-rank-0 ")))
+                .find(|l| {
+                    l.trim_start()
+                        .starts_with(&format!("demo/vllm-{r}-rank-0 "))
+                })
                 .unwrap_or_else(|| panic!("no line for replica {r} in\n{stdout}"));
             let requests: usize = line
                 .split_whitespace()

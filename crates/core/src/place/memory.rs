@@ -264,5 +264,7 @@ fn running_requests(endpoint: &Endpoint, live: &LiveEndpoints, engines: &Engines
 /// engine's own count when known (the placer on arrival counts its own flights itself).
 pub fn running_elsewhere(endpoint: &Endpoint, engines: &Engines) -> u64 {
     let config = endpoint.running_requests.unwrap_or(0);
-    engines.load(&endpoint.id).map_or(config, |engine| engine.max(config))
+    engines
+        .load(&endpoint.id)
+        .map_or(config, |engine| engine.max(config))
 }

@@ -294,7 +294,11 @@ impl<'a> UnitPlacer<'a> {
         // prefills what the replica lacks, and waits for no queued prefill it shares.
         let cost = |replica: usize| {
             let pace = &self.paces[replica];
-            let held = self.matches.of(replica) as f64 * block_tokens;
+            // A prefix shorter than N blocks is not followed.
+            let held = match self.matches.of(replica) {
+                held if held < self.params.min_colocate_blocks => 0.0,
+                held => held as f64 * block_tokens,
+            };
             let uncached = blocks as f64 * block_tokens - held;
             let shared = held.min(pace.busy.prefill_tokens);
             seconds(self.load[replica]) + (uncached - shared) * pace.speed.prefill_seconds_per_token
