@@ -181,7 +181,8 @@ fn workloads(quick: bool) -> Vec<Planned> {
     let rl = |prompts, samples| {
         Workload::Rl(RlWorkload {
             shape: RlShape { prompts, samples },
-            steps: 1,
+            // Three steps: what a producer learns of the replicas in one shows in the next.
+            steps: 3,
             system_prompt_tokens: 256,
             min_prompt_tokens: 1024,
             max_prompt_tokens: 4096,
