@@ -14,7 +14,8 @@
 //! - answers: the tokens generated per finished request.
 //!
 //! Each line is fitted by least squares over the recent intervals, weighted by the requests or
-//! tokens they saw and forgetting older ones ([`FORGET`] per interval); where the intervals do not
+//! tokens they saw and forgetting older ones ([`FORGET`] per interval that saw some; an idle
+//! interval forgets nothing); where the intervals do not
 //! vary enough to tell the slope from the intercept, the prior's ratio of the two is kept.
 
 use burst_prefix_planner::Speed;
@@ -65,7 +66,7 @@ pub fn parse_counters(text: &str) -> Counters {
     counters
 }
 
-/// How much an interval's evidence counts one interval later.
+/// How much an interval's evidence counts once the next interval with evidence came.
 pub const FORGET: f64 = 0.9;
 
 /// Requests a fit needs to have seen (after forgetting) before it replaces the prior.
@@ -115,22 +116,22 @@ impl SpeedLearner {
         }
         let [prefill_seconds, prefills, prompt, cached, decode_seconds, decodes, generated] =
             deltas;
-        self.prefill.forget();
-        self.decode.forget();
-        self.answers.0 *= FORGET;
-        self.answers.1 *= FORGET;
+        // Older evidence is forgotten only as new evidence comes: an idle replica keeps what it
+        // showed, however many scrapes pass.
         if prefills >= 1.0 {
             let computed = (prompt - cached).max(0.0) / prefills;
+            self.prefill.forget();
             self.prefill
                 .add(computed, prefill_seconds / prefills, prefills);
         }
         let steps = generated - decodes;
         if decodes >= 1.0 && steps >= 1.0 {
             let running = (last.running + now.running) / 2.0;
+            self.decode.forget();
             self.decode
                 .add(running.max(1.0), decode_seconds / steps, decodes);
-            self.answers.0 += decodes;
-            self.answers.1 += generated;
+            self.answers.0 = self.answers.0 * FORGET + decodes;
+            self.answers.1 = self.answers.1 * FORGET + generated;
         }
     }
 
@@ -336,6 +337,21 @@ mod tests {
             |s: &Speed| s.decode_seconds_per_step + 8.0 * s.decode_seconds_per_step_per_sequence;
         assert!(close(prefill(&speed), prefill(&truth), 1e-6), "{speed:?}");
         assert!(close(step(&speed), step(&truth), 1e-6), "{speed:?}");
+    }
+
+    #[test]
+    fn idle_scrapes_forget_nothing() {
+        // An RL driver's replicas sit idle between steps, scraped every 250 ms: what the last
+        // step showed must still stand when the next one is placed.
+        let mut learner = SpeedLearner::new();
+        run(&mut learner, a100(), 12, true);
+        let learned = learner.speed(Speed::default());
+        let last = learner.last.unwrap();
+        for _ in 0..1_000 {
+            learner.observe(last);
+        }
+        assert_eq!(learner.speed(Speed::default()), learned);
+        assert!(learner.output_tokens().is_some());
     }
 
     #[test]

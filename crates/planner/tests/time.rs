@@ -239,3 +239,13 @@ fn a_prefix_shorter_than_min_colocate_blocks_is_not_followed() {
     let plan = assign_with_memory(&batch(&[next]), &replicas, &strict, &mut memory, 0);
     assert_ne!(plan.assignments[0], Some(home));
 }
+
+#[test]
+fn distinct_prompts_on_idle_replicas_spread() {
+    let ids = replica_ids(2);
+    let prompts = vec![blocks(1, 0, 1, 30), blocks(2, 0, 2, 30)];
+    let placed = on_arrival(&prompts, &fleet(&ids, &[]));
+    assert_ne!(placed[0], placed[1], "{placed:?}");
+    let placed = window(&prompts, &fleet(&ids, &[])).assignments;
+    assert_ne!(placed[0], placed[1], "{placed:?}");
+}
