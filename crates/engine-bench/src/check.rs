@@ -17,7 +17,7 @@ fn policy(route: &Route, replicas: usize, step_ms: u64) -> Option<Box<dyn Policy
     Some(match &route.kind {
         RouteKind::Direct(Direct::RoundRobin) => Box::new(RoundRobin::new(replicas)),
         RouteKind::Direct(Direct::LeastLoaded) => Box::new(LeastLoaded::new(replicas)),
-        RouteKind::Proxy { .. } => {
+        RouteKind::Proxy { .. } | RouteKind::ProduceThenDirect { .. } => {
             let config = route.planner()?;
             if config.window_duration_ms == 0 {
                 return None;

@@ -461,7 +461,10 @@ async fn run_route(
             lengths[i]
         );
     }
-    let figures = RouteFigures::new(&record, matches!(route.kind, RouteKind::Proxy { .. }));
+    let mut figures = RouteFigures::new(&record, matches!(route.kind, RouteKind::Proxy { .. }));
+    if let RouteKind::ProduceThenDirect { of, .. } = &route.kind {
+        figures.baseline_of = Some(of.clone());
+    }
     eprintln!(
         "seed {seed} {workload} / {}: {} computed tokens (answers {}), busiest {}, TTFT p50 \
          {:.0} ms, {:.1} s",

@@ -43,6 +43,10 @@ pub struct RouteFigures {
     /// Per step, the requests each replica finished: where the route put them.
     pub placements: Vec<Vec<u64>>,
     pub memory_in_use: Option<bool>,
+    /// A produce-then-direct route: the proxy route whose placements it sends straight, whose
+    /// wall time is compared to its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_of: Option<String>,
 }
 
 impl RouteFigures {
@@ -65,6 +69,7 @@ impl RouteFigures {
                 .map(|step| step.iter().map(|r| r.requests).collect())
                 .collect(),
             memory_in_use: run.memory_in_use,
+            baseline_of: None,
         }
     }
 
@@ -176,6 +181,19 @@ impl WorkloadReport {
             .map_or(f64::NAN, |rr| ratio(pick(r), pick(rr)))
     }
 
+    /// For each produce-then-direct route that ran with its proxy route: the proxy route, the
+    /// baseline, and the proxy's wall time over the baseline's.
+    pub fn proxy_by_direct_wall(&self) -> Vec<(&RouteFigures, &RouteFigures, f64)> {
+        self.routes
+            .iter()
+            .filter_map(|baseline| {
+                let of = baseline.baseline_of.as_deref()?;
+                let proxy = self.routes.iter().find(|r| r.route == of)?;
+                Some((proxy, baseline, ratio(proxy.wall_ms, baseline.wall_ms)))
+            })
+            .collect()
+    }
+
     /// For each of our routes, the routes that dominate it (fewer computed tokens and a lower
     /// busiest-replica sum).
     pub fn dominating(&self) -> Vec<(&RouteFigures, Vec<&RouteFigures>)> {
@@ -188,6 +206,20 @@ impl WorkloadReport {
             })
             .collect()
     }
+}
+
+/// The (proxy, produce-then-direct) route pairs that ran on some of `runs`, in order.
+fn wall_pairs(runs: &[&WorkloadReport]) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for w in runs {
+        for (proxy, baseline, _) in w.proxy_by_direct_wall() {
+            let pair = (proxy.route.clone(), baseline.route.clone());
+            if !pairs.contains(&pair) {
+                pairs.push(pair);
+            }
+        }
+    }
+    pairs
 }
 
 /// `lo-hi` of `values` (one value when they agree to the shown precision).
@@ -308,6 +340,29 @@ impl Report {
                 );
             }
             out.push('\n');
+            for (proxy, baseline) in wall_pairs(&runs) {
+                let per_seed: Vec<String> = runs
+                    .iter()
+                    .filter_map(|w| {
+                        let (p, b, ratio) = w
+                            .proxy_by_direct_wall()
+                            .into_iter()
+                            .find(|(p, b, _)| p.route == proxy && b.route == baseline)?;
+                        Some(format!(
+                            "{ratio:.2} ({:.2} s / {:.2} s, seed {})",
+                            p.wall_ms / 1e3,
+                            b.wall_ms / 1e3,
+                            w.seed
+                        ))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "- wall time through {proxy} x {baseline} (the producer's placements sent \
+                     straight): {}",
+                    per_seed.join(", ")
+                );
+            }
             for w in &runs {
                 for (ours, others) in w.dominating() {
                     let names: Vec<&str> = others.iter().map(|r| r.route.as_str()).collect();
@@ -410,6 +465,7 @@ mod tests {
             wall_ms: 1_000.0,
             placements: vec![vec![1, 1]],
             memory_in_use: None,
+            baseline_of: None,
         }
     }
 
@@ -435,6 +491,11 @@ mod tests {
                 figures(ROUND_ROBIN, 300, 150, 200.0),
                 figures("proxy", proxy_computed, 100, 100.0),
                 figures("peer", 150, 90, 100.0),
+                RouteFigures {
+                    wall_ms: 800.0,
+                    baseline_of: Some("proxy".into()),
+                    ..figures("produce + direct", proxy_computed, 100, 100.0)
+                },
             ],
             skipped: vec![("session".into(), "no conversations".into())],
             simulator: Vec::new(),
@@ -470,5 +531,12 @@ mod tests {
             "{markdown}"
         );
         assert!(markdown.contains("- seed 1: session not run: no conversations"));
+        assert!(
+            markdown.contains(
+                "- wall time through proxy x produce + direct (the producer's placements sent \
+                 straight): 1.25 (1.00 s / 0.80 s, seed 1), 1.25 (1.00 s / 0.80 s, seed 2)"
+            ),
+            "{markdown}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The routes a workload is sent through, as data (bench/engine/routes.yaml): a list of named
-//! routes, each straight to the replicas, through burst-prefix's proxy with a planner config, or
+//! routes, each straight to the replicas, through burst-prefix's proxy with a planner config,
+//! placed by the producer's `/v1/produce` and sent straight (a proxy route's baseline), or
 //! through a peer router with its arguments. A new proxy setting is one entry.
 
 use anyhow::{anyhow, bail, Context};
@@ -30,6 +31,13 @@ pub enum RouteKind {
     Proxy {
         planner_yaml: String,
     },
+    /// Placed by the producer with the planner config of the proxy route `of` (each request asks
+    /// `POST /v1/produce`), then sent by the bench straight to its replica: the proxy's
+    /// placements without the proxy in the path, the baseline of that route's wall time.
+    ProduceThenDirect {
+        of: String,
+        planner_yaml: String,
+    },
     /// A peer router with these arguments (the bench adds host, ports and workers).
     Peer {
         peer: Peer,
@@ -55,6 +63,7 @@ struct Entry {
     name: String,
     direct: Option<Direct>,
     proxy: Option<String>,
+    produce_then_direct: Option<String>,
     sglang_router: Option<Vec<String>>,
     vllm_router: Option<Vec<String>>,
     session_header: Option<String>,
@@ -113,9 +122,11 @@ impl Route {
             .join("-")
     }
 
-    /// The proxy's planner config, for a proxy route.
+    /// The producer's planner config, for a proxy or produce-then-direct route.
     pub fn planner(&self) -> Option<PlannerConfig> {
-        let RouteKind::Proxy { planner_yaml } = &self.kind else {
+        let (RouteKind::Proxy { planner_yaml } | RouteKind::ProduceThenDirect { planner_yaml, .. }) =
+            &self.kind
+        else {
             return None;
         };
         let yaml = format!("{}\nendpoints: []\n", planner_yaml.trim_end());
@@ -152,6 +163,15 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
                 .map_err(|e| anyhow!("route {name:?}: the proxy's config is refused: {e}"))?;
             kinds.push(RouteKind::Proxy { planner_yaml });
         }
+        if let Some(of) = entry.produce_then_direct {
+            let planner_yaml = match routes.iter().find(|r| r.name == of).map(|r| &r.kind) {
+                Some(RouteKind::Proxy { planner_yaml }) => planner_yaml.clone(),
+                _ => bail!(
+                    "route {name:?}: produceThenDirect names {of:?}, not a proxy route above it"
+                ),
+            };
+            kinds.push(RouteKind::ProduceThenDirect { of, planner_yaml });
+        }
         if let Some(args) = entry.sglang_router {
             kinds.push(RouteKind::Peer {
                 peer: Peer::SglangRouter,
@@ -167,8 +187,8 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
         let kind = match <[RouteKind; 1]>::try_from(kinds) {
             Ok([kind]) => kind,
             Err(kinds) => bail!(
-                "route {name:?}: needs exactly one of direct, proxy, sglangRouter, vllmRouter \
-                 ({} given)",
+                "route {name:?}: needs exactly one of direct, proxy, produceThenDirect, \
+                 sglangRouter, vllmRouter ({} given)",
                 kinds.len()
             ),
         };
@@ -264,6 +284,29 @@ mod tests {
         assert!(error.contains("refused"), "{error}");
         let no_rr = "- {name: ll, direct: least-loaded}";
         assert!(parse(no_rr, &placeholders()).is_err());
+    }
+
+    #[test]
+    fn produce_then_direct_takes_its_proxy_routes_config() {
+        let text = "- {name: rr, direct: round-robin}\n\
+                    - {name: p, proxy: 'windowDurationMs: 7'}\n\
+                    - {name: p + direct, produceThenDirect: p}";
+        let routes = parse(text, &placeholders()).unwrap();
+        assert_eq!(
+            routes[2].kind,
+            RouteKind::ProduceThenDirect {
+                of: "p".into(),
+                planner_yaml: "windowDurationMs: 7".into()
+            }
+        );
+        assert_eq!(routes[2].planner().unwrap().window_duration_ms, 7);
+        for bad in ["rr", "nowhere"] {
+            let text = format!(
+                "- {{name: rr, direct: round-robin}}\n- {{name: d, produceThenDirect: {bad}}}"
+            );
+            let error = parse(&text, &placeholders()).unwrap_err().to_string();
+            assert!(error.contains("not a proxy route"), "{error}");
+        }
     }
 
     #[test]

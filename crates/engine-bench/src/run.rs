@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -126,6 +126,8 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
 enum Front {
     Direct(Direct),
     Proxy(Proxy),
+    /// The producer places each request (`/v1/produce`); the bench sends it.
+    Produce(Proxy, Placer),
     Peer(PeerRouter),
 }
 
@@ -157,6 +159,15 @@ impl Front {
                 }
                 Front::Proxy(proxy)
             }
+            RouteKind::ProduceThenDirect { planner_yaml, .. } => {
+                let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
+                let proxy = Proxy::start(planner_yaml, &addrs).await?;
+                let placer = Placer {
+                    produce_url: format!("{}/v1/produce?matches=none", proxy.url()),
+                    in_flight: Arc::new(Mutex::new(vec![0; replicas.len()])),
+                };
+                Front::Produce(proxy, placer)
+            }
             RouteKind::Peer { peer, args } => {
                 let python = options
                     .peers_python
@@ -172,7 +183,7 @@ impl Front {
     async fn stop(self, route: &Route, log_dir: &Path, client: &reqwest::Client) -> Option<bool> {
         match self {
             Front::Direct(_) => None,
-            Front::Proxy(proxy) => {
+            Front::Proxy(proxy) | Front::Produce(proxy, _) => {
                 let metrics = proxy.metrics();
                 let _ = std::fs::write(log_dir.join(format!("{}.metrics", route.slug())), &metrics);
                 proxy.shutdown().await;
@@ -246,7 +257,7 @@ async fn run_steps(
         let direct = sent_direct(options.direct_fraction, options.seed, index, step.len());
         let chooser = match front {
             Front::Direct(direct) => Some(*direct),
-            Front::Proxy(_) | Front::Peer(_) => None,
+            Front::Proxy(_) | Front::Produce(..) | Front::Peer(_) => None,
         };
         let targets = targets(
             chooser,
@@ -257,9 +268,13 @@ async fn run_steps(
             &mut second_path,
         );
         let front_url = match front {
-            Front::Direct(_) => None,
+            Front::Direct(_) | Front::Produce(..) => None,
             Front::Proxy(proxy) => Some(proxy.url()),
             Front::Peer(router) => Some(router.url()),
+        };
+        let placer = match front {
+            Front::Produce(_, placer) => Some(placer.clone()),
+            _ => None,
         };
         let before = if counted {
             let mut before = Vec::with_capacity(replicas.len());
@@ -276,10 +291,9 @@ async fn run_steps(
             .zip(targets)
             .zip(direct)
             .map(|((request, target), direct)| {
-                let url = match target {
-                    Some(r) => urls[r].clone(),
-                    None => front_url.clone().expect("a front for an indirect route"),
-                };
+                let urls = urls.clone();
+                let front_url = front_url.clone();
+                let placer = placer.clone();
                 let mut body = json!({
                     "model": MODEL_NAME,
                     "max_tokens": options.max_tokens,
@@ -300,6 +314,19 @@ async fn run_steps(
                 let client = client.clone();
                 let timeout = options.request_timeout;
                 tokio::spawn(async move {
+                    // Sent from here on: asking the producer is part of the request's time.
+                    let sent_at = Instant::now();
+                    let (target, _counted) = match (target, &placer) {
+                        (None, Some(placer)) => {
+                            let (replica, counted) = placer.place(&client, path, &body).await?;
+                            (Some(replica), Some(counted))
+                        }
+                        _ => (target, None),
+                    };
+                    let url = match target {
+                        Some(r) => urls[r].clone(),
+                        None => front_url.expect("a front for an indirect route"),
+                    };
                     let sent = Sent {
                         url: &url,
                         path,
@@ -308,6 +335,7 @@ async fn run_steps(
                         direct,
                         step: index,
                         step_started: started,
+                        sent_at,
                         timeout,
                     };
                     send(&client, sent, body).await
@@ -512,6 +540,78 @@ fn least_loaded(lengths: &[u64], replicas: usize) -> Vec<usize> {
         .collect()
 }
 
+/// A produce-then-direct route's placer: the producer's `/v1/produce` chooses the replica, and
+/// the bench sends the request there itself.
+#[derive(Clone)]
+struct Placer {
+    /// `POST` here: `/v1/produce?matches=none` of the producer.
+    produce_url: String,
+    /// Requests the bench has in flight per replica: for those the producer gives no
+    /// affinity, sent to the fewest in flight (ties: the lower index), the proxy's own rule
+    /// (docs/behaviour.md §8).
+    in_flight: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Placer {
+    /// The replica the producer places `body` on, counted in flight until the guard drops.
+    async fn place(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<(usize, InFlight)> {
+        let url = &self.produce_url;
+        let response = client
+            .post(&url)
+            .json(body)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .with_context(|| format!("POST {url} (for {path})"))?;
+        let status = response.status();
+        let answer: serde_json::Value = response
+            .json()
+            .await
+            .with_context(|| format!("the answer of {url}"))?;
+        if !status.is_success() {
+            bail!("{url} answered {status}: {answer}");
+        }
+        let assigned = match answer["assignedEndpoint"].as_str() {
+            Some(id) => Some(
+                replica_of_endpoint(id)
+                    .ok_or_else(|| anyhow!("{url} assigned an unknown endpoint {id:?}"))?,
+            ),
+            None => None,
+        };
+        let mut in_flight = self.in_flight.lock().expect("never poisoned");
+        let replica = assigned.unwrap_or_else(|| {
+            (0..in_flight.len())
+                .min_by_key(|&r| (in_flight[r], r))
+                .expect("at least one replica")
+        });
+        in_flight[replica] += 1;
+        Ok((
+            replica,
+            InFlight {
+                counts: self.in_flight.clone(),
+                replica,
+            },
+        ))
+    }
+}
+
+/// One request the bench has in flight on a replica.
+struct InFlight {
+    counts: Arc<Mutex<Vec<u64>>>,
+    replica: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.counts.lock().expect("never poisoned")[self.replica] -= 1;
+    }
+}
+
 /// Where and how one request is sent.
 struct Sent<'a> {
     url: &'a str,
@@ -525,6 +625,8 @@ struct Sent<'a> {
     step: usize,
     /// When the step started.
     step_started: Instant,
+    /// When the request left (before asking the producer, for produce-then-direct).
+    sent_at: Instant,
     timeout: Duration,
 }
 
@@ -541,9 +643,9 @@ async fn send(
         direct,
         step,
         step_started,
+        sent_at: started,
         timeout,
     } = sent;
-    let started = Instant::now();
     let sent_ms = started.duration_since(step_started).as_secs_f64() * 1e3;
     let mut request = client
         .post(format!("{url}{path}"))

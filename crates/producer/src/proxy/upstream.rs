@@ -63,6 +63,7 @@ impl Upstreams {
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.upstream_timeout)
             .pool_idle_timeout(config.idle_timeout)
+            .pool_max_idle_per_host(config.max_idle_per_upstream)
             .tcp_nodelay(true)
             // Straight to the pods, whatever HTTP_PROXY says.
             .no_proxy()
