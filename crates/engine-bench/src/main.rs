@@ -19,6 +19,7 @@ use burst_prefix_engine_bench::run::{client, run, RunOptions};
 use burst_prefix_engine_bench::second_path::parse_fraction;
 use burst_prefix_engine_bench::workloads::{bench_workloads, fold_into_vocabulary};
 use burst_prefix_engine_bench::{chart, check};
+use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_simulator::simulate::Slots;
 use clap::{Parser, ValueEnum};
 
@@ -119,6 +120,14 @@ struct Args {
     /// path. Chosen by a hash of the seed, the step and the request, the same on every route.
     #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     direct_fraction: f64,
+    /// The proxy routes' idle connections kept open to each replica (the producer's
+    /// `--upstream-max-idle`; default: its default).
+    #[arg(long, default_value_t = ProxyConfig::default().max_idle_per_upstream)]
+    upstream_max_idle: usize,
+    /// The proxy routes' idle timeout of a connection to a replica, in milliseconds (the
+    /// producer's `--upstream-idle-timeout-ms`; default: its default).
+    #[arg(long, default_value_t = ProxyConfig::default().idle_timeout.as_millis() as u64)]
+    upstream_idle_timeout_ms: u64,
     /// The whole bench stops after this many seconds.
     #[arg(long, default_value_t = 7200)]
     time_limit_s: u64,
@@ -274,6 +283,10 @@ async fn bench_on(
                 "token IDs (completions)".into()
             },
             direct_fraction: args.direct_fraction,
+            upstream: format!(
+                "at most {} idle per replica, each closed after {} ms idle",
+                args.upstream_max_idle, args.upstream_idle_timeout_ms
+            ),
         },
         workloads: Vec::new(),
     };
@@ -411,6 +424,11 @@ async fn run_route(
         peers_python: args.peers_python.clone(),
         direct_fraction: args.direct_fraction,
         seed,
+        proxy: ProxyConfig {
+            max_idle_per_upstream: args.upstream_max_idle,
+            idle_timeout: Duration::from_millis(args.upstream_idle_timeout_ms),
+            ..ProxyConfig::default()
+        },
     };
     let record = match kept {
         Some(kept) => {

@@ -143,6 +143,8 @@ pub struct Setup {
     /// The share of each step's requests sent straight to a replica instead of through the
     /// route (`--direct-fraction`, [`crate::second_path`]).
     pub direct_fraction: f64,
+    /// How the proxy's producer talks to the replicas, in words (its pool of connections).
+    pub upstream: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -277,8 +279,16 @@ impl Report {
              (x bound). *Busiest* is Σ over steps of the busiest replica's computed tokens: the \
              step time of a cluster whose replicas each have their own accelerator (its bound: \
              each step's bound spread evenly). Wall time is shared-core time: all replicas ran \
-             on the same 2 cores, so it measures total work, not a cluster's step time.",
-            s.replicas, s.engine, s.engine_settings, s.model, s.prompts, s.max_tokens, s.seeds
+             on the same 2 cores, so it measures total work, not a cluster's step time. \
+             The proxy's connections to the replicas: {}.",
+            s.replicas,
+            s.engine,
+            s.engine_settings,
+            s.model,
+            s.prompts,
+            s.max_tokens,
+            s.seeds,
+            s.upstream
         );
         let _ = writeln!(
             out,
@@ -510,6 +520,7 @@ mod tests {
                 model: "tiny".into(),
                 prompts: "text".into(),
                 direct_fraction: 0.25,
+                upstream: "at most 2 idle per replica".into(),
             },
             workloads: vec![workload(1, 175), workload(2, 125)],
         };

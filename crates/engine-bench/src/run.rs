@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::engine::{counters, settled_counters, tokenize, Counters, Engine, Replica, MODEL_NAME};
 use crate::peers::PeerRouter;
 use crate::producer::{replica_of_endpoint, Proxy, ENDPOINT_HEADER};
+use burst_prefix_producer::proxy::ProxyConfig;
 use crate::prompts::{text, Prompt, Request};
 use crate::routes::{Direct, Route, RouteKind};
 use crate::second_path::sent_direct;
@@ -38,6 +39,8 @@ pub struct RunOptions {
     /// ([`crate::second_path`]), and the workload's seed that chooses them.
     pub direct_fraction: f64,
     pub seed: u64,
+    /// How the proxy routes' producer talks to the replicas.
+    pub proxy: ProxyConfig,
 }
 
 /// One request's outcome.
@@ -150,7 +153,7 @@ impl Front {
                 if let Some(bind) = &bind {
                     until_free(bind).await?;
                 }
-                let proxy = Proxy::start(planner_yaml, &addrs).await?;
+                let proxy = Proxy::start_with(planner_yaml, &addrs, options.proxy).await?;
                 if route.hears_kv_events() {
                     if let Err(error) = hear_every_replica(&proxy, replicas, client).await {
                         proxy.shutdown().await;
@@ -161,7 +164,7 @@ impl Front {
             }
             RouteKind::ProduceThenDirect { planner_yaml, .. } => {
                 let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
-                let proxy = Proxy::start(planner_yaml, &addrs).await?;
+                let proxy = Proxy::start_with(planner_yaml, &addrs, options.proxy).await?;
                 let placer = Placer {
                     produce_url: format!("{}/v1/produce?matches=none", proxy.url()),
                     in_flight: Arc::new(Mutex::new(vec![0; replicas.len()])),
@@ -562,7 +565,7 @@ impl Placer {
     ) -> anyhow::Result<(usize, InFlight)> {
         let url = &self.produce_url;
         let response = client
-            .post(&url)
+            .post(url.as_str())
             .json(body)
             .timeout(Duration::from_secs(60))
             .send()
