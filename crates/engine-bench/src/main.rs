@@ -128,6 +128,10 @@ struct Args {
     /// producer's `--upstream-idle-timeout-ms`; default: its default).
     #[arg(long, default_value_t = ProxyConfig::default().idle_timeout.as_millis() as u64)]
     upstream_idle_timeout_ms: u64,
+    /// Whether requests ask for a streamed answer (SSE, usage in its last events) or a whole
+    /// one (`--stream false`: TTFT is then the time to the whole answer).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    stream: bool,
     /// The whole bench stops after this many seconds.
     #[arg(long, default_value_t = 7200)]
     time_limit_s: u64,
@@ -287,6 +291,11 @@ async fn bench_on(
                 "at most {} idle per replica, each closed after {} ms idle",
                 args.upstream_max_idle, args.upstream_idle_timeout_ms
             ),
+            answers: if args.stream {
+                "streamed (SSE)".into()
+            } else {
+                "whole (no streaming; TTFT is the time to the whole answer)".into()
+            },
         },
         workloads: Vec::new(),
     };
@@ -429,6 +438,7 @@ async fn run_route(
             idle_timeout: Duration::from_millis(args.upstream_idle_timeout_ms),
             ..ProxyConfig::default()
         },
+        stream: args.stream,
     };
     let record = match kept {
         Some(kept) => {

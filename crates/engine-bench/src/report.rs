@@ -145,6 +145,8 @@ pub struct Setup {
     pub direct_fraction: f64,
     /// How the proxy's producer talks to the replicas, in words (its pool of connections).
     pub upstream: String,
+    /// Streamed or whole answers, in words.
+    pub answers: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -280,7 +282,7 @@ impl Report {
              step time of a cluster whose replicas each have their own accelerator (its bound: \
              each step's bound spread evenly). Wall time is shared-core time: all replicas ran \
              on the same 2 cores, so it measures total work, not a cluster's step time. \
-             The proxy's connections to the replicas: {}.",
+             The proxy's connections to the replicas: {}. Answers: {}.",
             s.replicas,
             s.engine,
             s.engine_settings,
@@ -288,7 +290,8 @@ impl Report {
             s.prompts,
             s.max_tokens,
             s.seeds,
-            s.upstream
+            s.upstream,
+            s.answers
         );
         let _ = writeln!(
             out,
@@ -521,6 +524,7 @@ mod tests {
                 prompts: "text".into(),
                 direct_fraction: 0.25,
                 upstream: "at most 2 idle per replica".into(),
+                answers: "streamed".into(),
             },
             workloads: vec![workload(1, 175), workload(2, 125)],
         };

@@ -41,6 +41,8 @@ pub struct RunOptions {
     pub seed: u64,
     /// How the proxy routes' producer talks to the replicas.
     pub proxy: ProxyConfig,
+    /// Answers streamed (SSE), or whole.
+    pub stream: bool,
 }
 
 /// One request's outcome.
@@ -58,7 +60,8 @@ pub struct RequestRecord {
     /// From the step's start to sending the request (the step's requests are sent at once;
     /// this is how long their tasks took to start on these shared cores).
     pub sent_ms: f64,
-    /// From sending the request to its first streamed byte.
+    /// From sending the request to its first byte (of a streamed answer; of a whole answer,
+    /// its last).
     pub ttft_ms: f64,
     pub latency_ms: f64,
 }
@@ -115,13 +118,15 @@ impl RunRecord {
     }
 }
 
-/// An HTTP client of its own for each run: a pooled connection to an earlier run's replica
-/// must never be reused on a new replica that got the same port.
+/// An HTTP client of its own for each run, one connection per request: a pooled connection to
+/// an earlier run's replica must never be reused on a new replica that got the same port, and
+/// on llama-server each idle connection kept would hold one of its HTTP threads (issue 40), so
+/// the requests sent straight would wait behind the bench's own pool.
 pub fn client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .no_proxy()
         .tcp_nodelay(true)
-        .pool_max_idle_per_host(256)
+        .pool_max_idle_per_host(0)
         .build()
 }
 
@@ -302,9 +307,11 @@ async fn run_steps(
                     "max_tokens": options.max_tokens,
                     "temperature": 0.0,
                     "ignore_eos": true,
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
+                    "stream": options.stream,
                 });
+                if options.stream {
+                    body["stream_options"] = json!({"include_usage": true});
+                }
                 merge(&mut body, request.prompt.fields());
                 if matches!(engine, Engine::LlamaCpp(_)) {
                     body["cache_prompt"] = json!(true);
@@ -316,6 +323,7 @@ async fn run_steps(
                 let path = request.prompt.path();
                 let client = client.clone();
                 let timeout = options.request_timeout;
+                let stream = options.stream;
                 tokio::spawn(async move {
                     // Sent from here on: asking the producer is part of the request's time.
                     let sent_at = Instant::now();
@@ -340,6 +348,7 @@ async fn run_steps(
                         step_started: started,
                         sent_at,
                         timeout,
+                        stream,
                     };
                     send(&client, sent, body).await
                 })
@@ -631,6 +640,8 @@ struct Sent<'a> {
     /// When the request left (before asking the producer, for produce-then-direct).
     sent_at: Instant,
     timeout: Duration,
+    /// Whether the answer is an SSE stream.
+    stream: bool,
 }
 
 async fn send(
@@ -648,6 +659,7 @@ async fn send(
         step_started,
         sent_at: started,
         timeout,
+        stream,
     } = sent;
     let sent_ms = started.duration_since(step_started).as_secs_f64() * 1e3;
     let mut request = client
@@ -684,7 +696,11 @@ async fn send(
             String::from_utf8_lossy(&text)
         );
     }
-    let usage: Option<EngineUsage> = usage::from_sse(&text).ok();
+    let usage: Option<EngineUsage> = match stream {
+        true => usage::from_sse(&text),
+        false => usage::from_completion(&text),
+    }
+    .ok();
     Ok(RequestRecord {
         step,
         replica: replica.or(endpoint),
