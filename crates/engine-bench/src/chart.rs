@@ -182,9 +182,12 @@ mod tests {
             wall_ms: 1.0,
             placements: Vec::new(),
             memory_in_use: None,
+            baseline_of: None,
         };
         let report = Report {
             setup: Setup {
+                started: String::new(),
+                commit: String::new(),
                 engine: "vllm".into(),
                 replicas: 4,
                 engine_settings: String::new(),
@@ -193,6 +196,8 @@ mod tests {
                 model: "tiny".into(),
                 prompts: "text".into(),
                 direct_fraction: 0.0,
+                upstream: String::new(),
+                answers: String::new(),
             },
             workloads: vec![WorkloadReport {
                 workload: "grpo".into(),

@@ -93,6 +93,7 @@ mod tests {
             wall_ms: 1_000.0,
             placements: Vec::new(),
             memory_in_use: None,
+            baseline_of: None,
         }
     }
 

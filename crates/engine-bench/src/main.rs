@@ -275,6 +275,10 @@ async fn bench_on(
     let text_prompts = matches!(engine, Engine::Vllm(_));
     let mut report = Report {
         setup: Setup {
+            started: jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string(),
+            commit: commit(),
             engine: format!("{} {}", engine.name(), probed.version),
             replicas: args.replicas,
             engine_settings: engine_settings(args, engine, &probed),
@@ -536,6 +540,27 @@ fn write_report(out_dir: &Path, report: &Report) -> anyhow::Result<()> {
         chart::svg(report).map_err(|e| anyhow!(e))?,
     )?;
     Ok(())
+}
+
+/// The commit the bench runs from, `+dirty` with uncommitted changes to tracked files;
+/// "unknown" outside a git checkout.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    match (
+        git(&["rev-parse", "--short=12", "HEAD"]),
+        git(&["status", "--porcelain", "--untracked-files=no"]),
+    ) {
+        (Some(commit), Some(changes)) if changes.is_empty() => commit,
+        (Some(commit), _) => format!("{commit}+dirty"),
+        (None, _) => "unknown".into(),
+    }
 }
 
 fn engine_settings(args: &Args, engine: &Engine, probed: &Probed) -> String {

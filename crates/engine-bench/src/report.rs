@@ -131,6 +131,9 @@ pub struct WorkloadReport {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Setup {
+    /// When the run started (UTC) and from which commit (`+dirty` with uncommitted changes).
+    pub started: String,
+    pub commit: String,
     pub engine: String,
     pub replicas: usize,
     /// The engine's settings, in words.
@@ -274,6 +277,7 @@ impl Report {
     pub fn to_markdown(&self) -> String {
         let s = &self.setup;
         let mut out = String::new();
+        let _ = writeln!(out, "Run {}, commit {}.\n", s.started, s.commit);
         let _ = writeln!(
             out,
             "{} {} replicas ({}); model {}; prompts as {}; {} generated tokens per request; \
@@ -515,6 +519,8 @@ mod tests {
         };
         let report = Report {
             setup: Setup {
+                started: "2026-12-06T12:00:00Z".into(),
+                commit: "abc1234".into(),
                 engine: "vllm".into(),
                 replicas: 2,
                 engine_settings: String::new(),

@@ -263,6 +263,15 @@ mod tests {
             .expect("the zero-wait route");
         assert_eq!(zero_wait.window_duration_ms, 0);
         assert!(!routes[0].hears_kv_events());
+        // The proxy's main route has its placements sent straight as a baseline.
+        let baseline = routes
+            .iter()
+            .find(|r| r.name == "produce + direct, memory on")
+            .expect("the baseline of proxy, memory on");
+        let RouteKind::ProduceThenDirect { of, .. } = &baseline.kind else {
+            panic!("{baseline:?}");
+        };
+        assert_eq!(of, "proxy, memory on");
     }
 
     #[test]

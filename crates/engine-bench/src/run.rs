@@ -17,11 +17,11 @@ use serde_json::json;
 use crate::engine::{counters, settled_counters, tokenize, Counters, Engine, Replica, MODEL_NAME};
 use crate::peers::PeerRouter;
 use crate::producer::{replica_of_endpoint, Proxy, ENDPOINT_HEADER};
-use burst_prefix_producer::proxy::ProxyConfig;
 use crate::prompts::{text, Prompt, Request};
 use crate::routes::{Direct, Route, RouteKind};
 use crate::second_path::sent_direct;
 use crate::usage::{self, EngineUsage};
+use burst_prefix_producer::proxy::ProxyConfig;
 
 /// The knobs of a run that are not the engine's.
 #[derive(Clone, Debug)]

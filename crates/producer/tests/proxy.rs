@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_stub_engine::{Options, RecordedRequest, StubEngine, ENGINE_ID_HEADER};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use common::{dead_address, sample, Local, PATIENCE};
 use futures::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
 
 /// `n` stub engines `e0..`, and the producer config that names them `ns/e{i}`.
