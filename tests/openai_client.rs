@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use burst_prefix_stub_engine::{Options, StubEngine};

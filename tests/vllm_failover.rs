@@ -25,11 +25,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use burst_prefix_engine_bench::prompts::text;
+use burst_prefix_engine_bench::prompts::words;
 use burst_prefix_test_support::ControlPlane;
-use common::{binary, http_get, Process};
+use common::{binary, http_get, metric, runtime, Process};
 use serde_json::{json, Value};
-use vllm::{engine_lock, free_port, model_dir, Vllm, VllmOptions};
+use vllm::{engine_test, free_port, model_dir, Vllm, VllmOptions};
 
 /// The engine's KV block size on vLLM's CPU build, in tokens.
 const ENGINE_BLOCK: u64 = 128;
@@ -42,40 +42,6 @@ const SAMPLES: usize = 4;
 
 /// The proxy's answer header naming the endpoint that served a request.
 const ENDPOINT_HEADER: &str = "x-burst-prefix-endpoint";
-
-/// A text of `words` words (about 1.09 tokens each on the tiny model), distinct per `seed`.
-fn words(seed: u32, words: u32) -> String {
-    let tokens: Vec<u32> = (0..words)
-        .map(|i| {
-            seed.wrapping_mul(7_919)
-                .wrapping_add(i.wrapping_mul(104_729))
-                % 100_003
-        })
-        .collect();
-    text(&tokens)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// One sample's value in the Prometheus text `metrics`; 0 when absent.
-fn metric(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
 
 /// Engine blocks the producer's index has stored from the KV events, as its metrics say.
 async fn stored_blocks(producer: &Producer) -> f64 {
@@ -344,7 +310,11 @@ async fn stored_by_each(producers: &[&Producer]) -> Vec<f64> {
 
 #[test]
 fn the_first_burst_after_a_failover_computes_no_more_than_without_one() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test(
+        "vllm_failover::the_first_burst_after_a_failover_computes_no_more_than_without_one",
+    ) else {
+        return;
+    };
     let started = Instant::now();
     let (events_port, replay_port, http_port) = (free_port(), free_port(), free_port());
     let hosts = ["127.0.0.2", "127.0.0.3"];

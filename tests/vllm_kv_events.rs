@@ -10,17 +10,19 @@
 //! replica with the fewest requests in flight, ties to the lower id, i.e. to B (`bench/r0`). So
 //! a request reaches A only when something draws it there.
 
-#[path = "engine/vllm_server.rs"]
 mod common;
+#[path = "engine/vllm_server.rs"]
+mod vllm;
 
 use std::time::{Duration, Instant};
 
 use burst_prefix_engine_bench::producer::{
     endpoint_id, replica_of_endpoint, Proxy, ENDPOINT_HEADER,
 };
-use burst_prefix_engine_bench::prompts::{text, Message};
-use common::{engine_lock, free_port, model_dir, Vllm, VllmOptions};
+use burst_prefix_engine_bench::prompts::{words, Message};
+use common::{metric, runtime};
 use serde_json::{json, Value};
+use vllm::{engine_test, free_port, model_dir, Vllm, VllmOptions};
 
 /// The engine's KV block size on vLLM's CPU build, in tokens.
 const ENGINE_BLOCK: u64 = 128;
@@ -32,41 +34,6 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const A: usize = 1;
 /// The index of replica B.
 const B: usize = 0;
-
-/// A text of `words` words (about 1.09 tokens each on the tiny model), distinct per `seed`.
-fn words(seed: u32, words: u32) -> String {
-    let tokens: Vec<u32> = (0..words)
-        .map(|i| {
-            seed.wrapping_mul(7_919)
-                .wrapping_add(i.wrapping_mul(104_729))
-                % 100_003
-        })
-        .collect();
-    text(&tokens)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// One sample's value in the Prometheus text `metrics` (`name` with its labels as rendered,
-/// e.g. `x_total{type="a"}`); 0 when absent.
-fn metric(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
 
 /// The proxy's metrics the test reads.
 #[derive(Clone, Copy, Debug)]
@@ -261,7 +228,9 @@ fn completion(seed: u32, tail: Option<u32>) -> Value {
 
 #[test]
 fn prompts_a_replica_computed_draw_the_proxys_requests_until_it_resets_its_cache() {
-    let _lock = engine_lock();
+    let Some(_engine) = engine_test("vllm_kv_events::prompts_a_replica_computed_draw_the_proxys_requests_until_it_resets_its_cache") else {
+        return;
+    };
     let started = Instant::now();
     let events_port = free_port();
     // Both replicas at once: each waits for its own /health.

@@ -12,8 +12,9 @@ use burst_prefix_engine_bench::engine::{
     Counters, Engine, Replica, Vllm, MODEL_NAME,
 };
 use burst_prefix_engine_bench::producer::{replica_of_endpoint, Proxy, ENDPOINT_HEADER};
-use burst_prefix_engine_bench::prompts::{text, Message};
+use burst_prefix_engine_bench::prompts::{words, Message};
 use burst_prefix_engine_bench::run::client;
+use burst_prefix_test_support::real_engine::runs_on_vllm;
 use serde_json::{json, Value};
 
 /// The proxy as the engine bench runs it with memory (bench/engine/routes.yaml), memory sized
@@ -23,18 +24,6 @@ const PLANNER: &str = "windowDurationMs: 100\nmaxBatchSize: -1\nbalanceBy: token
 
 /// Every request and wait of the test is bounded by this.
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// A text of `words` words (about 1.09 tokens each on the tiny model), distinct per `seed`.
-fn words(seed: u32, words: u32) -> String {
-    let tokens: Vec<u32> = (0..words)
-        .map(|i| {
-            seed.wrapping_mul(7_919)
-                .wrapping_add(i.wrapping_mul(104_729))
-                % 100_003
-        })
-        .collect();
-    text(&tokens)
-}
 
 /// Sends one non-streamed request through the proxy: (the replica that served it, its usage's
 /// prompt tokens, its cached tokens).
@@ -78,7 +67,12 @@ async fn all_counters(replicas: &[Replica], client: &reqwest::Client) -> Vec<Cou
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if !runs_on_vllm(
+        "vllm_proxy::a_burst_computes_the_engines_bound_and_a_second_turn_finds_its_history",
+    ) {
+        return;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let (python, model) = installed_vllm(&repo).unwrap();
     let engine = Engine::Vllm(Vllm {
         python,

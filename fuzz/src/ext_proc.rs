@@ -7,9 +7,9 @@ use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use burst_prefix_api::ProducerConfig;
-use burst_prefix_producer::core::request::InferenceRequest;
-use burst_prefix_producer::core::ConfigOrigin;
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::read::InferenceRequest;
+use burst_prefix_core::ConfigOrigin;
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::epp::data_plane::{
     protocol, request_body as body, request_headers as headers, request_trailers as trailers,
     response_body, response_headers,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use burst_prefix_api::config::RULES;
 use burst_prefix_api::producer_config::ProducerConfigError;
 use burst_prefix_api::ProducerConfig;
-use burst_prefix_producer::core::config_store::{Applied, ConfigOrigin, ConfigStore};
-use burst_prefix_producer::core::metrics::Metrics;
-use burst_prefix_producer::core::request::HashedRequest;
-use burst_prefix_producer::core::request::InferenceRequest;
+use burst_prefix_core::config_store::{Applied, ConfigOrigin, ConfigStore};
+use burst_prefix_core::metrics::Metrics;
+use burst_prefix_core::read::HashedRequest;
+use burst_prefix_core::read::InferenceRequest;
 
 /// The config in force before the fuzzed text arrives.
 const GOOD: &str = "endpoints:\n  - {id: ns/a-rank-0, address: '10.0.0.1:8000'}\n";

@@ -12,10 +12,10 @@ use std::num::NonZeroU32;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use axum::Router;
-use burst_prefix_producer::core::hints::GROUP_SIZE_HEADER;
-use burst_prefix_producer::core::request::InferenceRequest;
-use burst_prefix_producer::core::ConfigOrigin;
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::admit::GROUP_SIZE_HEADER;
+use burst_prefix_core::read::InferenceRequest;
+use burst_prefix_core::ConfigOrigin;
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::{self, ProxyConfig};
 use tower::ServiceExt;
 

@@ -1,8 +1,8 @@
 //! The request body parser (docs/behaviour.md §1): bytes in, a request or an error that names its
 //! field out, and a request hashes into prefix blocks deterministically.
 
+use burst_prefix_core::read::{InferenceRequest, PromptInput, RequestError};
 use burst_prefix_planner::{hash_prompts, BlockSpec, Prompt};
-use burst_prefix_producer::core::request::{InferenceRequest, PromptInput, RequestError};
 
 /// The block specs every parsed request is hashed under: the smallest block, a small one, the
 /// default, and a small per-prompt cap.

@@ -432,3 +432,27 @@ pub async fn http_get(url: &str) -> Option<(u16, String)> {
     let status = response.status().as_u16();
     Some((status, response.text().await.ok()?))
 }
+
+/// A runtime for a test that drives processes from a plain `#[test]` (two workers).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// One sample's value in the Prometheus text `metrics` (`name` with its labels as rendered,
+/// e.g. `x_total{type="a"}`); 0 when absent.
+pub fn metric(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}

@@ -2,7 +2,8 @@
 //!
 //! The Python is `BURST_PREFIX_VLLM_PYTHON`, the model `BURST_PREFIX_VLLM_MODEL` (`make test`
 //! sets both; by default, where `tests/vllm/setup.sh` installs them). Missing either is a test
-//! failure that says how to install it, never a skip.
+//! failure that says how to install it, never a skip; only a CPU that cannot run vLLM skips
+//! ([`engine_test`]).
 
 #![allow(dead_code)]
 
@@ -12,10 +13,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Engine tests run one at a time (each starts up to two vLLM servers of ~3 GB).
-pub fn engine_lock() -> MutexGuard<'static, ()> {
+/// The start of a test on real vLLM: `None` where this CPU cannot run vLLM (the test says so
+/// and returns; see `burst_prefix_test_support::real_engine`), else a guard that runs the
+/// engine tests of this binary one at a time (each starts up to two vLLM servers of ~3 GB).
+pub fn engine_test(test: &str) -> Option<MutexGuard<'static, ()>> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    burst_prefix_test_support::real_engine::runs_on_vllm(test)
+        .then(|| LOCK.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// Where `tests/vllm/setup.sh` installs `what` (`--print-python` or `--print-model`).

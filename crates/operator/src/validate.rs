@@ -81,7 +81,7 @@ fn tokenizer_problems(policy: &BurstPrefixPolicy) -> Vec<String> {
         return Vec::new();
     };
     let mut problems = Vec::new();
-    if tokenizer.source().is_none() {
+    if tokenizer.kind().is_none() {
         problems.push(
             "producer.tokenizer needs exactly one of configMap, persistentVolumeClaim and image"
                 .to_string(),

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use crate::memory::Memory;
 use crate::plan::{
-    earliest_finish, BalanceBy, BuildBlockHasher, Candidate, PlanParams, Replica, Source,
+    earliest_finish, BalanceBy, BuildBlockHasher, Candidate, PlacementReason, PlanParams, Replica,
 };
 use crate::prefixhash::BlockHash;
 
@@ -65,12 +65,12 @@ pub struct PlacementId(u64);
 
 /// Where one request went.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct ArrivalPlacement {
     pub id: PlacementId,
     /// The replica (an index into the last [`InFlight::set_replicas`] list); `None` when no
     /// replica may take it (no replicas, or none of its allowed ones).
     pub replica: Option<usize>,
-    pub source: Option<Source>,
+    pub reason: Option<PlacementReason>,
     /// `(replica, leading blocks held)` for every replica holding a leading run of its blocks
     /// (in flight or in its memory model) when it was placed, sorted by replica.
     pub held: Vec<(usize, usize)>,
@@ -249,7 +249,7 @@ impl InFlight {
         params: &PlanParams,
         mut memory: Option<&mut Memory>,
         now_ms: u64,
-    ) -> Placement {
+    ) -> ArrivalPlacement {
         let now_ms = self.advance(now_ms);
         let id = self.next_id;
         self.next_id += 1;
@@ -271,14 +271,14 @@ impl InFlight {
         let k = params.max_per_replica.unwrap_or(usize::MAX) as u32;
         let chosen = if arrival.blocks.is_empty() {
             self.least_loaded(arrival.allowed_replicas, |_| false)
-                .map(|r| (r, Source::LeastLoaded, None))
+                .map(|r| (r, PlacementReason::LeastLoaded, None))
         } else if let Some(taken) = self.follow_group(arrival, k, &may_use) {
             Some(taken)
         } else {
             self.start(arrival, params, memory.is_some(), k, now_ms)
         };
         let placement = match chosen {
-            Some((replica, source, seat)) => {
+            Some((replica, reason, seat)) => {
                 let flight_id = match seat {
                     Some(seat) => {
                         self.flights.get_mut(&seat).expect("a booked seat").seat = false;
@@ -309,17 +309,17 @@ impl InFlight {
                 if let Some(memory) = memory {
                     memory.touch(self.slots[replica as usize], arrival.blocks);
                 }
-                Placement {
+                ArrivalPlacement {
                     id: PlacementId(flight_id),
                     replica: Some(replica as usize),
-                    source: Some(source),
+                    reason: Some(reason),
                     held,
                 }
             }
-            None => Placement {
+            None => ArrivalPlacement {
                 id: PlacementId(id),
                 replica: None,
-                source: None,
+                reason: None,
                 held,
             },
         };
@@ -356,7 +356,7 @@ impl InFlight {
         arrival: &Arrival<'_>,
         k: u32,
         may_use: &impl Fn(u32) -> bool,
-    ) -> Option<(u32, Source, Option<u64>)> {
+    ) -> Option<(u32, PlacementReason, Option<u64>)> {
         let group = self.groups.get_mut(arrival.blocks)?;
         if let Some(at) = group
             .seats
@@ -364,7 +364,11 @@ impl InFlight {
             .position(|seat| may_use(self.flights[seat].replica))
         {
             let seat = group.seats.remove(at).expect("a seat");
-            return Some((self.flights[&seat].replica, Source::Window, Some(seat)));
+            return Some((
+                self.flights[&seat].replica,
+                PlacementReason::Window,
+                Some(seat),
+            ));
         }
         let count_on = |group: &Group, replica: u32| {
             group
@@ -375,7 +379,7 @@ impl InFlight {
         };
         if let Some(filling) = group.filling {
             if count_on(group, filling) < k && may_use(filling) {
-                return Some((filling, Source::Window, None));
+                return Some((filling, PlacementReason::Window, None));
             }
         }
         if group.members == 0 {
@@ -386,7 +390,7 @@ impl InFlight {
         let replica = self
             .least_loaded(arrival.allowed_replicas, |r| count_on(group, r) >= k)
             .or_else(|| self.least_loaded(arrival.allowed_replicas, |_| false))?;
-        Some((replica, Source::LeastLoaded, None))
+        Some((replica, PlacementReason::LeastLoaded, None))
     }
 
     /// The first member of a group in flight (or a single): the replica holding its longest
@@ -399,7 +403,7 @@ impl InFlight {
         with_memory: bool,
         k: u32,
         now_ms: u64,
-    ) -> Option<(u32, Source, Option<u64>)> {
+    ) -> Option<(u32, PlacementReason, Option<u64>)> {
         let n = params.min_colocate_blocks;
         let need = if with_memory { n.max(1) } else { n };
         let members = arrival.group_size.unwrap_or(1).max(1);
@@ -433,15 +437,18 @@ impl InFlight {
                 })
                 .flatten()
         };
-        let (first, source) = match preferred {
-            Some(replica) => (replica, Source::Window),
-            None => (self.least_loaded(allowed, |_| false)?, Source::LeastLoaded),
+        let (first, reason) = match preferred {
+            Some(replica) => (replica, PlacementReason::Window),
+            None => (
+                self.least_loaded(allowed, |_| false)?,
+                PlacementReason::LeastLoaded,
+            ),
         };
         self.groups
             .entry(self.group_blocks(arrival.blocks))
             .or_default();
         if members == 1 {
-            return Some((first, source, None));
+            return Some((first, reason, None));
         }
         // Book every member's seat, as the window places a unit: k on the first replica, k on
         // the next least-loaded one where the group has none, ..., then one at a time on the
@@ -485,7 +492,7 @@ impl InFlight {
         let seat = seats.pop_front().expect("members >= 2");
         // After any seats left for other members' endpoint lists.
         group.seats.extend(seats);
-        Some((first, source, Some(seat)))
+        Some((first, reason, Some(seat)))
     }
 
     /// With memory in tokens mode, as the window prices a unit (`plan::earliest_finish`): the

@@ -13,10 +13,10 @@ pub mod prefixhash;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use in_flight::{Arrival, InFlight, InFlightSettings, Placement, PlacementId};
+pub use in_flight::{Arrival, ArrivalPlacement, InFlight, InFlightSettings, PlacementId};
 pub use memory::{Memory, MemorySettings};
 pub use plan::{
-    assign, assign_with_memory, BalanceBy, BatchRequest, HeldPrefixes, Plan, PlanParams, Replica,
-    Source,
+    assign, assign_with_memory, BalanceBy, BatchRequest, HeldPrefixes, PlacementReason, Plan,
+    PlanParams, Replica,
 };
 pub use prefixhash::{chain_seed, hash_prompts, BlockHash, BlockSpec, Prompt};

@@ -19,14 +19,14 @@ mod balance;
 mod block_keys;
 mod held_blocks;
 mod inputs;
-mod placer;
 mod recall;
+mod unit_placer;
 mod units;
 mod walk;
 
 use std::collections::HashMap;
 
-pub use answer::{HeldPrefixes, Plan, Source};
+pub use answer::{HeldPrefixes, PlacementReason, Plan};
 pub(crate) use balance::{earliest_finish, Candidate};
 pub(crate) use block_keys::BuildBlockHasher;
 pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
@@ -34,8 +34,8 @@ pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
 use answer::NO_LIST;
 use balance::{max_share, Balance};
 use held_blocks::HeldBlocks;
-use placer::Placer;
 use recall::{Recall, NO_REPLICA};
+use unit_placer::UnitPlacer;
 use units::{count_sharers, form_units, most_constrained_first, Unit, UnitKind};
 
 use crate::memory::Memory;
@@ -44,7 +44,7 @@ use crate::memory::Memory;
 /// deterministic: the result depends only on the arguments, never on hash iteration order; the
 /// order of `replicas` only matters through the indices it gives them.
 pub fn assign(batch: &[BatchRequest<'_>], replicas: &[Replica<'_>], params: &PlanParams) -> Plan {
-    plan(batch, replicas, params, None)
+    place_units(batch, replicas, params, None)
 }
 
 /// Places one window remembering earlier ones (docs/behaviour.md §7), then records this window in
@@ -88,7 +88,7 @@ pub fn assign_with_memory(
             .iter()
             .any(|request| request.allowed_replicas.is_some()),
     };
-    let plan = plan(batch, replicas, params, Some(recall));
+    let plan = place_units(batch, replicas, params, Some(recall));
     for (replica, &slot) in slots.iter().enumerate() {
         let start = carried[replica].round() as u64;
         let added = plan.loads[replica].saturating_sub(start);
@@ -97,9 +97,10 @@ pub fn assign_with_memory(
     plan
 }
 
-/// The plan; with memory, each unit's blocks are touched in the models of the replicas it was
-/// placed on (those its members may use) as it is placed.
-fn plan(
+/// Forms the window's units and places them in turn; with memory, each unit's blocks are
+/// touched in the models of the replicas it was placed on (those its members may use) as it is
+/// placed.
+fn place_units(
     batch: &[BatchRequest<'_>],
     replicas: &[Replica<'_>],
     params: &PlanParams,
@@ -122,7 +123,7 @@ fn plan(
     let count = |kind| units.iter().filter(|u| u.kind == kind).count();
     let mut plan = Plan {
         assignments: vec![None; batch.len()],
-        sources: vec![None; batch.len()],
+        reasons: vec![None; batch.len()],
         loads: vec![0; replicas.len()],
         group_units: count(UnitKind::Group),
         single_units: count(UnitKind::Single),
@@ -138,7 +139,7 @@ fn plan(
     // Each unit lands on at most ceil(members / k) replicas.
     let k = params.max_per_replica.unwrap_or(usize::MAX);
     let replicas_per_unit = |unit: &Unit<'_>| unit.members.len().div_ceil(k).min(replicas.len());
-    // The window's own index: with memory, the prefix each unit shares (`Placer::place`),
+    // The window's own index: with memory, the prefix each unit shares (`UnitPlacer::place`),
     // walked; without, the blocks two units contain, looked up.
     let (walked_blocks, held) = match recall {
         Some(_) => {
@@ -165,7 +166,7 @@ fn plan(
             max_share: max_share(&units, &carried, params),
         },
     };
-    let mut placer = Placer::new(
+    let mut placer = UnitPlacer::new(
         replicas,
         params,
         balance,
@@ -175,30 +176,28 @@ fn plan(
         walked_blocks,
         held,
     );
-    if placer.recall.is_some() {
+    if placer.remembers() {
         plan.held.list_of = vec![NO_LIST; batch.len()];
     }
     for unit in &units {
         placer.place(unit, &mut plan);
     }
-    if placer.recall.is_some() {
+    if placer.remembers() {
         // Requests outside every unit: what the replicas hold of them, for their answers.
         for (request, entry) in batch.iter().zip(0..) {
             if plan.held.list_of[entry] == NO_LIST && !request.blocks.is_empty() {
-                placer.walk_holders(request.blocks, 0);
-                placer.keep_held_list(&[entry], &mut plan.held);
-                placer.clear_matches();
+                placer.keep_held_list_of(request.blocks, entry, &mut plan.held);
             }
         }
     }
-    plan.loads = std::mem::take(&mut placer.load);
+    plan.loads = placer.into_loads();
     // A request that may not use its assigned replica gets zero everywhere (step 7).
     for (request, entry) in batch.iter().zip(0..) {
         if let (Some(replica), Some(allowed)) = (plan.assignments[entry], request.allowed_replicas)
         {
             if !allowed.contains(&replica) {
                 plan.assignments[entry] = None;
-                plan.sources[entry] = None;
+                plan.reasons[entry] = None;
                 if let Some(list) = plan.held.list_of.get_mut(entry) {
                     *list = NO_LIST;
                 }

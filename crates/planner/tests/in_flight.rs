@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use burst_prefix_planner::testing::{batch, blocks, copies, memory, params, replica_ids, replicas};
 use burst_prefix_planner::{
-    assign, Arrival, BalanceBy, BlockHash, InFlight, InFlightSettings, PlanParams, Source,
+    assign, Arrival, BalanceBy, BlockHash, InFlight, InFlightSettings, PlacementReason, PlanParams,
 };
 use proptest::prelude::*;
 
@@ -59,16 +59,16 @@ fn a_single_attaches_to_the_holder_of_n_blocks_within_the_fair_share() {
     // 2, so it attaches there.
     let single = placer.place(&arrival(&blocks(1, 2, 7, 2), None), &p, None, 0);
     assert_eq!(single.replica, Some(0));
-    assert_eq!(single.source, Some(Source::Window));
+    assert_eq!(single.reason, Some(PlacementReason::Window));
     assert_eq!(single.held, vec![(0, 2)]);
     // The next one would take p1 to 4 against a share of ceil(10 / 4) = 3: least loaded.
     let next = placer.place(&arrival(&blocks(1, 2, 8, 2), None), &p, None, 0);
     assert_eq!(next.replica, Some(1));
-    assert_eq!(next.source, Some(Source::LeastLoaded));
+    assert_eq!(next.reason, Some(PlacementReason::LeastLoaded));
     // Sharing fewer than N blocks is no reason to attach.
     let p3 = params(-1, 3, BalanceBy::Requests);
     let short = placer.place(&arrival(&blocks(1, 2, 9, 2), None), &p3, None, 0);
-    assert_eq!(short.source, Some(Source::LeastLoaded));
+    assert_eq!(short.reason, Some(PlacementReason::LeastLoaded));
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn memory_counts_as_held() {
     let next = blocks(1, 4, 0, 4);
     let second = placer.place(&arrival(&next, None), &p, Some(&mut memory), 10);
     assert_eq!(second.replica, first.replica);
-    assert_eq!(second.source, Some(Source::Window));
+    assert_eq!(second.reason, Some(PlacementReason::Window));
     assert_eq!(second.held, vec![(first.replica.unwrap(), 6)]);
 }
 
@@ -222,7 +222,7 @@ proptest! {
             let share = ((loads.iter().sum::<f64>() + own) / fleet as f64).ceil();
             let placement = placer.place(&arrival(prompt, None), &p, None, i as u64);
             let follows_its_group = seen.contains(prompt);
-            if placement.source == Some(Source::Window) && !follows_its_group {
+            if placement.reason == Some(PlacementReason::Window) && !follows_its_group {
                 let replica = placement.replica.unwrap();
                 prop_assert!(loads[replica] < share, "{loads:?} share {share}");
                 prop_assert!(placement.held.iter().any(|&(r, held)| r == replica && held >= p.min_colocate_blocks.max(1)));

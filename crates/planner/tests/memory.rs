@@ -2,7 +2,7 @@
 
 use burst_prefix_planner::testing::{batch, blocks, memory, replica_ids, replicas};
 use burst_prefix_planner::{
-    assign, assign_with_memory, BalanceBy, BatchRequest, BlockHash, PlanParams, Source,
+    assign, assign_with_memory, BalanceBy, BatchRequest, BlockHash, PlacementReason, PlanParams,
 };
 
 /// A conversation's prompt after `turns` turns: a system prompt, then 2 blocks per turn.
@@ -19,7 +19,7 @@ fn a_second_turn_lands_where_the_first_was_placed() {
     let first: Vec<Vec<BlockHash>> = (0..4).flat_map(|s| [turn(s, 1), turn(s, 1)]).collect();
     let plan = assign_with_memory(&batch(&first), &replicas(&ids), &params, &mut memory, 0);
     let served: Vec<usize> = (0..4).map(|s| plan.assignments[2 * s].unwrap()).collect();
-    assert_eq!(plan.sources[0], Some(Source::LeastLoaded));
+    assert_eq!(plan.reasons[0], Some(PlacementReason::LeastLoaded));
     // Window 2: each session's second turn alone, in another order.
     let second: Vec<Vec<BlockHash>> = [2, 0, 3, 1].iter().map(|&s| turn(s, 2)).collect();
     let plan = assign_with_memory(&batch(&second), &replicas(&ids), &params, &mut memory, 50);
@@ -27,7 +27,7 @@ fn a_second_turn_lands_where_the_first_was_placed() {
     assert_eq!(plan.single_units + plan.warm_singles, 4);
     for (i, &s) in [2, 0, 3, 1].iter().enumerate() {
         assert_eq!(plan.assignments[i], Some(served[s]), "session {s}");
-        assert_eq!(plan.sources[i], Some(Source::Memory));
+        assert_eq!(plan.reasons[i], Some(PlacementReason::Memory));
         // Its replica held the first turn's 6 blocks; another holds only the system prompt.
         assert_eq!(plan.held.blocks(i, served[s]), 6);
         assert_eq!(plan.held.blocks(i, served[(s + 1) % 4]), 4);
@@ -212,10 +212,10 @@ fn a_conversation_moves_only_to_a_replica_lighter_by_much_more_than_its_history(
     let plan = assign_with_memory(&batch(&second), &replicas, &tokens(), &mut memory, 0);
     let on_p1: Vec<usize> = (0..8).filter(|&s| plan.assignments[s] == Some(0)).collect();
     assert_eq!(on_p1, vec![0, 1, 2], "{:?}", plan.assignments);
-    assert_eq!(plan.sources[..3], [Some(Source::Memory); 3]);
+    assert_eq!(plan.reasons[..3], [Some(PlacementReason::Memory); 3]);
     // The fourth moves to p2, which holds nothing: it prefills its whole prompt there.
     assert_eq!(plan.assignments[3], Some(1));
-    assert_eq!(plan.sources[3], Some(Source::LeastLoaded));
+    assert_eq!(plan.reasons[3], Some(PlacementReason::LeastLoaded));
     assert!(plan.assignments.iter().all(Option::is_some));
 }
 
@@ -235,6 +235,6 @@ fn an_endpoint_list_without_the_remembered_replica_gets_nothing() {
     }];
     let plan = assign_with_memory(&requests, &replicas(&ids), &params, &mut memory, 10);
     assert_eq!(plan.assignments, vec![None]);
-    assert_eq!(plan.sources, vec![None]);
+    assert_eq!(plan.reasons, vec![None]);
     assert_eq!(plan.held.of(0), &[]);
 }

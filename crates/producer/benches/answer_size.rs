@@ -14,7 +14,7 @@ mod stats;
 
 use std::time::{Duration, Instant};
 
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use clap::Parser;

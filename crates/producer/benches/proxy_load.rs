@@ -35,7 +35,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use burst_prefix_stub_engine::{Options as StubOptions, StubEngine};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Router;
 
-use crate::core::Producer;
+use burst_prefix_core::Producer;
 
 pub fn router(producer: Producer) -> Router {
     let registry = producer.metrics().registry().clone();

@@ -1,7 +1,7 @@
 //! The feeds of what the engines say (docs/behaviour.md §7): the KV-events subscriber, the
 //! `/metrics` load scraper and the tokenizer, started, changed and stopped as the config in force
 //! asks (`engines` in the config). Thin adapters: what they hear goes to the core's
-//! [`Engines`](crate::core::engines::Engines). They run on every producer replica, leader or not,
+//! [`Engines`](burst_prefix_core::engines::Engines). They run on every producer replica, leader or not,
 //! so that a follower that takes over starts warm.
 
 use std::path::Path;
@@ -16,8 +16,8 @@ use burst_prefix_engine_state::{
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::core::engines::Engines;
-use crate::core::Producer;
+use burst_prefix_core::engines::Engines;
+use burst_prefix_core::Producer;
 
 /// How often the config in force is looked at for changes.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);

@@ -1,8 +1,7 @@
 //! The burst-prefix producer: inference request bodies in, placements on replicas out.
 //!
-//! - [`core`]: every rule a request meets, behind the operations the front-ends call
-//!   ([`core::Producer::place`], [`core::Producer::route`], [`core::Producer::refuse`]), with
-//!   the config in force and the metrics. docs/architecture.md follows a request through it.
+//! The core (every rule a request meets, the config in force, the metrics) is its own crate,
+//! `burst-prefix-core`, which knows no front-end; docs/architecture.md follows a request through it.
 //! - Front-ends, thin adapters around the core that import nothing from each other:
 //!   [`scoring`] (`/v1/produce`, `/v1/plan`, `/v1/endpoints`), [`proxy`] (the OpenAI-compatible
 //!   router) and [`epp`] (the gateway endpoint picker, gRPC); and [`admin`] (health, metrics).
@@ -13,7 +12,6 @@
 
 pub mod admin;
 pub mod config_sources;
-pub mod core;
 pub mod engine_feeds;
 pub mod epp;
 pub mod listen;

@@ -4,8 +4,8 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use burst_prefix_api::PlannerConfig;
-use burst_prefix_producer::core::request::InferenceRequest;
-use burst_prefix_producer::core::whole_batch::{plan_input, PlanBounds, PlanInput};
+use burst_prefix_core::read::InferenceRequest;
+use burst_prefix_core::whole_batch::{plan_input, PlanBounds, PlanInput};
 use burst_prefix_producer::serve;
 use clap::{Parser, Subcommand};
 

@@ -19,9 +19,9 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
-/// Where a listener's certificate comes from.
+/// The certificate a listener serves: where it comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CertificateSource {
+pub enum ServingCertificate {
     /// Generated at start, self-signed.
     SelfSigned,
     /// PEM files, polled for changes.
@@ -31,15 +31,15 @@ pub enum CertificateSource {
 /// How often certificate files are checked for changes.
 const POLL: Duration = Duration::from_secs(5);
 
-/// A TLS acceptor for `source`, offering `alpn` (e.g. `h2`). With files, a task on the current
+/// A TLS acceptor for `certificate`, offering `alpn` (e.g. `h2`). With files, a task on the current
 /// runtime reloads them when they change, for as long as the acceptor lives.
-pub fn acceptor(source: &CertificateSource, alpn: &[&[u8]]) -> Result<TlsAcceptor, String> {
-    let first = match source {
-        CertificateSource::SelfSigned => self_signed()?,
-        CertificateSource::Files { cert, key } => read(cert, key)?,
+pub fn acceptor(certificate: &ServingCertificate, alpn: &[&[u8]]) -> Result<TlsAcceptor, String> {
+    let first = match certificate {
+        ServingCertificate::SelfSigned => self_signed()?,
+        ServingCertificate::Files { cert, key } => read(cert, key)?,
     };
     let resolver = Arc::new(Resolver(RwLock::new(Arc::new(first))));
-    if let CertificateSource::Files { cert, key } = source {
+    if let ServingCertificate::Files { cert, key } = certificate {
         tokio::spawn(reload(Arc::downgrade(&resolver), cert.clone(), key.clone()));
     }
     let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))

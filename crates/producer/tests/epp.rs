@@ -214,7 +214,7 @@ async fn malformed_bodies_get_400_naming_the_field_and_a_clean_end() {
 async fn a_full_window_gets_429_with_retry_after() {
     let local = Local::start_with_limits(
         &endpoints(2, 3000),
-        burst_prefix_producer::core::Limits {
+        burst_prefix_core::Limits {
             max_window_bytes: 2000,
             ..Default::default()
         },

@@ -20,10 +20,6 @@ fn config_file(dir: &Path, text: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
-fn host_port(url: &str) -> String {
-    url.trim_start_matches("http://").to_string()
-}
-
 /// Open fds of a process.
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
@@ -49,17 +45,11 @@ fn closed_by_server(stream: &mut TcpStream) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_are_closed_and_health_answers_under_a_flood() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &endpoints(2));
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--header-read-timeout-ms",
-        "500",
-        "--max-connections",
-        "50",
-    ]);
-    let api = host_port(&producer.base);
+    let producer = Binary::serve_config(
+        &endpoints(2),
+        &["--header-read-timeout-ms", "500", "--max-connections", "50"],
+    );
+    let api = producer.api();
 
     // Part of a request head, then silence: closed after the header-read timeout.
     let mut slow = TcpStream::connect(&api).unwrap();
@@ -152,9 +142,8 @@ fn configs_that_are_not_a_mapping_naming_endpoints_are_refused_at_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_to_an_empty_config_is_rejected_and_the_last_good_stays() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &endpoints(2));
-    let producer = Binary::serve(&["--config", &config, "--config-poll-ms", "50"]);
+    let producer = Binary::serve_config(&endpoints(2), &["--config-poll-ms", "50"]);
+    let config = producer.config_path().to_str().unwrap().to_string();
     let client = reqwest::Client::builder()
         .timeout(PATIENCE)
         .build()
@@ -187,9 +176,10 @@ async fn a_reload_to_an_empty_config_is_rejected_and_the_last_good_stays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plans_are_bounded_and_abandoned_when_their_client_leaves() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &format!("maxBatchSize: 3\n{}", endpoints(2)));
-    let producer = Binary::serve(&["--config", &config, "--max-plan-replicas", "2"]);
+    let producer = Binary::serve_config(
+        &format!("maxBatchSize: 3\n{}", endpoints(2)),
+        &["--max-plan-replicas", "2"],
+    );
     let client = reqwest::Client::builder()
         .timeout(PATIENCE)
         .build()
@@ -224,15 +214,17 @@ async fn plans_are_bounded_and_abandoned_when_their_client_leaves() {
     // A batch that takes a while to hash, whose client leaves once it has sent all of it: the
     // plan is abandoned. (Sent on a raw connection, so that the whole body arrives however
     // loaded the machine is; a client timeout could cut the body short instead.)
-    let config = config_file(dir.path(), &format!("maxBatchSize: -1\n{}", endpoints(2)));
-    let producer = Binary::serve(&["--config", &config, "--max-body-bytes", "67108864"]);
+    let producer = Binary::serve_config(
+        &format!("maxBatchSize: -1\n{}", endpoints(2)),
+        &["--max-body-bytes", "67108864"],
+    );
     let prompt = "y".repeat(4096);
     let big = serde_json::json!({
         "replicas": [{"id": "a"}],
         "requests": (0..6000).map(|i| serde_json::json!({"id": i.to_string(), "body": {"model": "m", "prompt": format!("{i}{prompt}")}})).collect::<Vec<_>>(),
     })
     .to_string();
-    let api = host_port(&producer.base);
+    let api = producer.api();
     let metrics_url = format!("{}/metrics", producer.admin);
     // hyper drops the handler as soon as it reads the end of the connection, possibly while
     // the body is still being read: the producer counts that as abandoned too.
@@ -272,13 +264,11 @@ async fn plans_are_bounded_and_abandoned_when_their_client_leaves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_0_within_the_shutdown_timeout_whatever_clients_hold() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let mut producer = Binary::serve_config(
         &format!("windowDurationMs: 5000\n{}", endpoints(2)),
+        &["--shutdown-timeout-ms", "1000"],
     );
-    let mut producer = Binary::serve(&["--config", &config, "--shutdown-timeout-ms", "1000"]);
-    let api = host_port(&producer.base);
+    let api = producer.api();
     // A request stuck mid-body, an idle connection, and a request waiting in an open window.
     let mut stuck = TcpStream::connect(&api).unwrap();
     stuck

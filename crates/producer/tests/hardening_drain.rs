@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use burst_prefix_producer::epp::data_plane;
@@ -17,12 +16,6 @@ use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response;
 use futures::StreamExt;
 use serde_json::json;
-
-fn config_file(dir: &Path, text: &str) -> String {
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_string()
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -69,15 +62,13 @@ async fn exit_code(mut producer: Binary) -> (Option<i32>, Binary) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_completion_in_flight_at_sigterm_completes_then_the_producer_exits_0() {
     let engine = StubEngine::start(Options::with_id("e0")).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!(
             "windowDurationMs: 20\nendpoints:\n  - {{id: ns/e0, address: '{}'}}\n",
             engine.addr()
         ),
+        &["--drain-timeout-ms", "60000"],
     );
-    let producer = Binary::serve(&["--config", &config, "--drain-timeout-ms", "60000"]);
     let api = producer.base.trim_start_matches("http://").to_string();
     let client = client();
     // 40 chunks, 250 ms apart: a 10 s completion.
@@ -123,18 +114,10 @@ async fn a_streaming_completion_in_flight_at_sigterm_completes_then_the_producer
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ext_proc_stream_carrying_a_response_at_sigterm_completes_then_the_producer_exits_0() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         "windowDurationMs: 20\nendpoints:\n  - {id: ns/e1, address: '10.0.0.1:8000'}\n",
+        &["--epp-plaintext", "--drain-timeout-ms", "60000"],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--epp-plaintext",
-        "--drain-timeout-ms",
-        "60000",
-    ]);
     let client = client();
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", producer.epp))
         .unwrap()

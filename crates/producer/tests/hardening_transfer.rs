@@ -10,7 +10,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use burst_prefix_producer::epp::data_plane;
@@ -19,16 +18,6 @@ use common::{endpoints, sample, Binary, PATIENCE};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_response, ProcessingRequest};
 use serde_json::json;
-
-fn config_file(dir: &Path, text: &str) -> String {
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_string()
-}
-
-fn host_port(url: &str) -> String {
-    url.trim_start_matches("http://").to_string()
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -81,20 +70,11 @@ fn body_of(length: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_and_dripped_bodies_get_408_at_the_body_timeout_and_a_normal_request_is_answered() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &["--max-connections", "20", "--body-timeout-ms", "1000"],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--max-connections",
-        "20",
-        "--body-timeout-ms",
-        "1000",
-    ]);
-    let api = host_port(&producer.base);
+    let api = producer.api();
 
     // The attack: every connection the cap allows sends a head (content-length 100) and
     // 9 bytes of body, then nothing; one of them drips its body at 2 bytes a second instead.
@@ -166,20 +146,16 @@ async fn stalled_and_dripped_bodies_get_408_at_the_body_timeout_and_a_normal_req
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_still_being_read_count_in_the_window_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &[
+            "--max-window-bytes",
+            "1000000",
+            "--body-timeout-ms",
+            "60000",
+        ],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--max-window-bytes",
-        "1000000",
-        "--body-timeout-ms",
-        "60000",
-    ]);
-    let api = host_port(&producer.base);
+    let api = producer.api();
     // 800 kB of a 900 kB body, then nothing: held while it is read.
     let mut held = TcpStream::connect(&api).unwrap();
     held.write_all(head("/v1/produce", 900_000).as_bytes())
@@ -286,18 +262,10 @@ fn completion_bytes(prompt: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ext_proc_stream_without_its_body_is_answered_408_and_closed() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &["--epp-plaintext", "--body-timeout-ms", "1000"],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--epp-plaintext",
-        "--body-timeout-ms",
-        "1000",
-    ]);
     let channel = channel(&producer).await;
     // Headers and never a body; and headers with half a body.
     let mut idle = ExtProc::on(channel.clone()).await;
@@ -324,12 +292,10 @@ async fn an_ext_proc_stream_without_its_body_is_answered_408_and_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buffered_body_over_4_mib_is_routed_and_one_over_the_limit_gets_413() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &["--epp-plaintext"],
     );
-    let producer = Binary::serve(&["--config", &config, "--epp-plaintext"]);
     let channel = channel(&producer).await;
     // 4.2 MB (tonic's default limit is 4 MiB), 8.5 MB (over --max-body-bytes, 8 MiB, within
     // the decoder's room) and 10 MB (over the decoder's limit too), each in one message.
@@ -368,18 +334,10 @@ async fn a_buffered_body_over_4_mib_is_routed_and_one_over_the_limit_gets_413() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_full_of_idle_streams_is_emptied_and_others_are_served_meanwhile() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &["--epp-plaintext", "--body-timeout-ms", "3000"],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--epp-plaintext",
-        "--body-timeout-ms",
-        "3000",
-    ]);
     // 256 streams (the cap per connection) on one connection, each with headers only.
     let full = channel(&producer).await;
     let mut idle = Vec::new();
@@ -484,20 +442,16 @@ async fn first_answer(response: h2::client::ResponseFuture) -> Option<Processing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_the_picker_has_not_received_whole_counts_in_the_window_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(
-        dir.path(),
+    let producer = Binary::serve_config(
         &format!("windowDurationMs: 20\n{}", endpoints(2)),
+        &[
+            "--epp-plaintext",
+            "--max-window-bytes",
+            "4000000",
+            "--body-timeout-ms",
+            "120000",
+        ],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--epp-plaintext",
-        "--max-window-bytes",
-        "4000000",
-        "--body-timeout-ms",
-        "120000",
-    ]);
     let tcp = tokio::net::TcpStream::connect(&producer.epp).await.unwrap();
     let (client, connection) = h2::client::Builder::new()
         .initial_window_size(16 << 20)

@@ -9,7 +9,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::Path;
 
 use burst_prefix_stub_engine::{Options, StubEngine, ENGINE_ID_HEADER};
 use common::{dead_address, Binary, PATIENCE};
@@ -17,19 +16,13 @@ use serde_json::{json, Value};
 
 const ENDPOINT_HEADER: &str = "x-burst-prefix-endpoint";
 
-fn config_file(dir: &Path, text: &str) -> String {
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_string()
-}
-
 /// A config naming `(id, address)` endpoints, each request alone in a 20 ms window.
-fn config_of(dir: &Path, endpoints: &[(&str, String)]) -> String {
+fn config_of(endpoints: &[(&str, String)]) -> String {
     let mut yaml = String::from("windowDurationMs: 20\nendpoints:\n");
     for (id, address) in endpoints {
         yaml.push_str(&format!("  - {{id: {id}, address: '{address}'}}\n"));
     }
-    config_file(dir, &yaml)
+    yaml
 }
 
 /// A client that follows no redirect itself: what the proxy answers is what it gets.
@@ -74,9 +67,10 @@ async fn a_replicas_redirect_goes_back_to_the_client_and_nothing_reaches_the_for
     let foreign = StubEngine::start(Options::with_id("foreign"))
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_of(dir.path(), &[("ns/replica", replica.addr().to_string())]);
-    let producer = Binary::serve(&["--config", &config]);
+    let producer = Binary::serve_config(
+        &config_of(&[("ns/replica", replica.addr().to_string())]),
+        &[],
+    );
     let client = client();
     let location = format!("{}/v1/completions", foreign.url());
     for status in [307, 302, 301, 308] {
@@ -152,9 +146,7 @@ fn switching_replica() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_101_from_a_replica_is_a_502() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_of(dir.path(), &[("ns/switching", switching_replica())]);
-    let producer = Binary::serve(&["--config", &config]);
+    let producer = Binary::serve_config(&config_of(&[("ns/switching", switching_replica())]), &[]);
     let response = client()
         .post(format!("{}/v1/completions", producer.base))
         .json(&completion("upgrade me", json!({})))
@@ -179,9 +171,10 @@ async fn expect_and_proxy_connection_stay_behind_and_x_forwarded_for_gets_the_cl
     let replica = StubEngine::start(Options::with_id("replica"))
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_of(dir.path(), &[("ns/replica", replica.addr().to_string())]);
-    let producer = Binary::serve(&["--config", &config]);
+    let producer = Binary::serve_config(
+        &config_of(&[("ns/replica", replica.addr().to_string())]),
+        &[],
+    );
     let client = client();
     let url = format!("{}/v1/completions", producer.base);
     let response = client
@@ -225,22 +218,18 @@ async fn crafted_failures_cool_no_replica_down_but_failures_in_a_row_and_refusal
         StubEngine::start(Options::with_id("a")).await.unwrap(),
         StubEngine::start(Options::with_id("b")).await.unwrap(),
     ];
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_of(
-        dir.path(),
-        &[
+    let producer = Binary::serve_config(
+        &config_of(&[
             ("ns/a", stubs[0].addr().to_string()),
             ("ns/b", stubs[1].addr().to_string()),
+        ]),
+        &[
+            "--upstream-cooldown-after",
+            "3",
+            "--upstream-cooldown-ms",
+            "600000",
         ],
     );
-    let producer = Binary::serve(&[
-        "--config",
-        &config,
-        "--upstream-cooldown-after",
-        "3",
-        "--upstream-cooldown-ms",
-        "600000",
-    ]);
     let client = client();
     let url = format!("{}/v1/completions", producer.base);
     let send = |prompt: String, stub: Value| {
@@ -309,14 +298,13 @@ async fn crafted_failures_cool_no_replica_down_but_failures_in_a_row_and_refusal
     drop(producer);
 
     // A refused connection cools its replica down at once; the request is retried.
-    let config = config_of(
-        dir.path(),
-        &[
+    let producer = Binary::serve_config(
+        &config_of(&[
             ("ns/a", dead_address()),
             ("ns/b", stubs[1].addr().to_string()),
-        ],
+        ]),
+        &[],
     );
-    let producer = Binary::serve(&["--config", &config]);
     let url = format!("{}/v1/completions", producer.base);
     let response = client
         .post(&url)

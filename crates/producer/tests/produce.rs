@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use burst_prefix_producer::core::Limits;
+use burst_prefix_core::Limits;
 use common::{completion, endpoints, sample, Local};
 use serde_json::{json, Value};
 

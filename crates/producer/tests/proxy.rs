@@ -356,7 +356,7 @@ async fn errors_a_client_can_act_on_in_openai_shape() {
     let (_stubs, yaml) = engines(1, 3000).await;
     let local = Local::start_with_limits(
         &yaml,
-        burst_prefix_producer::core::Limits {
+        burst_prefix_core::Limits {
             max_window_bytes: 2000,
             ..Default::default()
         },

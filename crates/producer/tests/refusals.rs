@@ -5,7 +5,7 @@
 
 mod common;
 
-use burst_prefix_producer::core::Limits;
+use burst_prefix_core::Limits;
 use burst_prefix_producer::epp::data_plane;
 use common::ext_proc::{immediate, ExtProc};
 use common::{completion, dead_address, sample, Local};
@@ -149,4 +149,55 @@ async fn the_endpoint_picker_counts_its_own_refusals() {
         .await;
     stream.next().await;
     assert_eq!(outcomes(&local).await, [0, 1, 5, 0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scoring_api_counts_a_request_past_its_bound_as_a_refusal() {
+    // A window that outlasts the scoring API's bound (shortened here from 30 s), and a body
+    // that never ends: both are answered 408 `request_timeout` and counted refused, not
+    // cancelled.
+    let producer = burst_prefix_core::Producer::with_config(
+        &format!("windowDurationMs: 10000\n{}", common::endpoints(2)),
+        Limits::default(),
+    )
+    .unwrap();
+    let bound = std::time::Duration::from_millis(300);
+    let app = burst_prefix_producer::scoring::router_within(producer.clone(), bound);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let waits = client
+        .post(format!("{base}/v1/produce"))
+        .body(completion("waits for a window of 10 s").to_string())
+        .send()
+        .await
+        .unwrap();
+    let (never_ends, _sender) = {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        sender.send(Ok(b"{\"model\": ".to_vec())).await.unwrap();
+        let stream = tokio_stream::wrappers::ReceiverStream::new(receiver);
+        let response = client
+            .post(format!("{base}/v1/produce"))
+            .body(reqwest::Body::wrap_stream(stream))
+            .send();
+        (response.await.unwrap(), sender)
+    };
+    for response in [waits, never_ends] {
+        assert_eq!(response.status().as_u16(), 408);
+        let error: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(error["error"], "request_timeout", "{error}");
+    }
+    let metrics = producer.metrics().render();
+    let count = |outcome: &str| {
+        sample(
+            &metrics,
+            &format!("burst_prefix_requests_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(
+        (count("rejected"), count("cancelled"), count("assigned")),
+        (2.0, 0.0, 0.0)
+    );
+    server.abort();
 }

@@ -13,29 +13,10 @@
 use std::collections::BTreeMap;
 
 use crate::cache::BlockCache;
+use crate::policy::OnlinePolicy;
 use crate::rng::SplitMix64;
 use crate::simulate::{Cluster, Outcome};
 use crate::workload::HashedRequest;
-
-/// Places requests one at a time.
-pub trait OnlinePolicy {
-    /// The name shown in reports.
-    fn name(&self) -> &'static str;
-
-    /// The replica (`0..replicas`) for `request`, arriving at `now_ms`; `request_id` is its
-    /// handle for `complete`. `group_size` is how many requests of its step have its prompt,
-    /// as a client sending n samples knows (`None` for a prompt sent once).
-    fn place(
-        &mut self,
-        request: &HashedRequest,
-        group_size: Option<usize>,
-        request_id: usize,
-        now_ms: u64,
-    ) -> usize;
-
-    /// `request_id` completed at `now_ms`.
-    fn complete(&mut self, request_id: usize, now_ms: u64);
-}
 
 /// How requests arrive and are served.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use burst_prefix_api::{BalanceBy, MemoryConfig, PlannerConfig};
 use clap::{Args, ValueEnum};
 
-use crate::arrivals::{simulate_arrivals, OnlinePolicy, Timing};
+use crate::arrivals::{simulate_arrivals, Timing};
 use crate::chart;
 use crate::policy::{
-    ApproxPrefix, Burst, CacheAware, CacheAwareParams, LeastLoaded, Policy, RoundRobin, ZeroWait,
+    ApproxPrefix, Burst, CacheAware, CacheAwareParams, LeastLoaded, OnlinePolicy, Policy,
+    RoundRobin, ZeroWait,
 };
 use crate::report::{PolicyReport, Report};
 use crate::simulate::{lower_bound, simulate, Cluster};

@@ -1,4 +1,5 @@
-//! The routing policies compared, each deciding one step's requests at a time.
+//! The routing policies compared: each deciding one step's requests at a time ([`Policy`]), or
+//! each request the moment it arrives ([`OnlinePolicy`], served by [`crate::arrivals`]).
 //!
 //! A policy sees only the requests and what it has itself recorded; never the replicas' real
 //! caches. "Load" is the number of requests a policy has sent to a replica in the current step:
@@ -11,7 +12,6 @@ use burst_prefix_planner::{
     MemorySettings, PlacementId, PlanParams, Replica,
 };
 
-use crate::arrivals::OnlinePolicy;
 use crate::cache::BlockCache;
 use crate::workload::HashedRequest;
 
@@ -22,6 +22,26 @@ pub trait Policy {
 
     /// A replica index (`0..replicas`) per request of `step`, in its arrival order.
     fn route(&mut self, step: &[HashedRequest]) -> Vec<usize>;
+}
+
+/// Places requests one at a time.
+pub trait OnlinePolicy {
+    /// The name shown in reports.
+    fn name(&self) -> &'static str;
+
+    /// The replica (`0..replicas`) for `request`, arriving at `now_ms`; `request_id` is its
+    /// handle for `complete`. `group_size` is how many requests of its step have its prompt,
+    /// as a client sending n samples knows (`None` for a prompt sent once).
+    fn place(
+        &mut self,
+        request: &HashedRequest,
+        group_size: Option<usize>,
+        request_id: usize,
+        now_ms: u64,
+    ) -> usize;
+
+    /// `request_id` completed at `now_ms`.
+    fn complete(&mut self, request_id: usize, now_ms: u64);
 }
 
 /// The replica with the lowest load among `candidates`; ties go to the lower index.

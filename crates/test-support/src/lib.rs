@@ -24,6 +24,9 @@
 //! When the binaries are missing the harness panics and says to run `make control-plane`: a test
 //! that needs a control plane never passes without one. The processes and the temp directory
 //! go away with the test binary however it ends (see `process.rs`).
+//!
+//! [`real_engine`] says which tests on a real engine run on this CPU, and records it for the
+//! summary at the end of `make test`.
 
 mod binaries;
 mod certs;
@@ -31,6 +34,7 @@ mod control_plane;
 mod kubeconfig;
 pub mod node;
 mod process;
+pub mod real_engine;
 mod tokens;
 
 use std::path::PathBuf;

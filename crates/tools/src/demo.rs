@@ -16,10 +16,10 @@ use burst_prefix_planner::BlockHash;
 use clap::Args;
 use serde_json::{json, Value};
 
-use burst_prefix_producer::core::request::HashedRequest;
-use burst_prefix_producer::core::request::InferenceRequest;
-use burst_prefix_producer::core::ConfigOrigin;
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::read::HashedRequest;
+use burst_prefix_core::read::InferenceRequest;
+use burst_prefix_core::ConfigOrigin;
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::scoring::response::ProduceResponse;
 use burst_prefix_producer::serve::{LogArgs, LogFormat, Role, Service};

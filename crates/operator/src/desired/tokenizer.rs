@@ -3,7 +3,7 @@
 //! mounted whole and read-only at [`TOKENIZER_DIR`], and the directory the producer's config
 //! then names as `engines.tokenizer.path` when the policy does not name one itself.
 
-use burst_prefix_api::policy::{BurstPrefixPolicy, TokenizerSource, TokenizerVolume};
+use burst_prefix_api::policy::{BurstPrefixPolicy, TokenizerVolume, TokenizerVolumeKind};
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, ImageVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
     VolumeMount,
@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::{
 pub const TOKENIZER_DIR: &str = "/etc/burst-prefix/tokenizer";
 const VOLUME: &str = "tokenizer";
 
-/// The policy's tokenizer volume, if it names exactly one source (the CRD and the operator's
+/// The policy's tokenizer volume, if it names exactly one kind of volume (the CRD and the operator's
 /// validation refuse the others).
-fn source(policy: &BurstPrefixPolicy) -> Option<(&TokenizerVolume, TokenizerSource<'_>)> {
+fn named_volume(policy: &BurstPrefixPolicy) -> Option<(&TokenizerVolume, TokenizerVolumeKind<'_>)> {
     let tokenizer = policy.spec.producer.tokenizer.as_ref()?;
-    Some((tokenizer, tokenizer.source()?))
+    Some((tokenizer, tokenizer.kind()?))
 }
 
 /// The pod's volume. The whole ConfigMap, claim or image (no `subPath` mount), so that the
@@ -27,22 +27,22 @@ pub fn volume(policy: &BurstPrefixPolicy) -> Option<Volume> {
         name: VOLUME.into(),
         ..Volume::default()
     };
-    Some(match source(policy)?.1 {
-        TokenizerSource::ConfigMap(name) => Volume {
+    Some(match named_volume(policy)?.1 {
+        TokenizerVolumeKind::ConfigMap(name) => Volume {
             config_map: Some(ConfigMapVolumeSource {
                 name: name.into(),
                 ..ConfigMapVolumeSource::default()
             }),
             ..volume
         },
-        TokenizerSource::PersistentVolumeClaim(claim) => Volume {
+        TokenizerVolumeKind::PersistentVolumeClaim(claim) => Volume {
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
                 claim_name: claim.into(),
                 read_only: Some(true),
             }),
             ..volume
         },
-        TokenizerSource::Image(reference) => Volume {
+        TokenizerVolumeKind::Image(reference) => Volume {
             image: Some(ImageVolumeSource {
                 reference: Some(reference.into()),
                 // Kubernetes' default: Always for `:latest` or no tag, else IfNotPresent.
@@ -55,7 +55,7 @@ pub fn volume(policy: &BurstPrefixPolicy) -> Option<Volume> {
 
 /// The container's mount of [`volume`], read-only.
 pub fn volume_mount(policy: &BurstPrefixPolicy) -> Option<VolumeMount> {
-    source(policy)?;
+    named_volume(policy)?;
     Some(VolumeMount {
         name: VOLUME.into(),
         mount_path: TOKENIZER_DIR.into(),
@@ -66,7 +66,7 @@ pub fn volume_mount(policy: &BurstPrefixPolicy) -> Option<VolumeMount> {
 
 /// The tokenizer's directory in the producer container: [`TOKENIZER_DIR`], or its `subPath`.
 pub fn dir(policy: &BurstPrefixPolicy) -> Option<String> {
-    let (tokenizer, _) = source(policy)?;
+    let (tokenizer, _) = named_volume(policy)?;
     let sub_path = tokenizer
         .sub_path
         .as_deref()
@@ -82,8 +82,11 @@ pub fn dir(policy: &BurstPrefixPolicy) -> Option<String> {
 /// `fsGroup` only when the volume's root does not have it yet, not on every start. (ConfigMaps,
 /// Secrets and images are not affected by the policy.)
 pub fn fs_group_change_policy(policy: &BurstPrefixPolicy) -> Option<String> {
-    matches!(source(policy)?.1, TokenizerSource::PersistentVolumeClaim(_))
-        .then(|| "OnRootMismatch".to_string())
+    matches!(
+        named_volume(policy)?.1,
+        TokenizerVolumeKind::PersistentVolumeClaim(_)
+    )
+    .then(|| "OnRootMismatch".to_string())
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 /// Why a request landed on its replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Source {
+pub enum PlacementReason {
     /// Its unit started on a replica whose cache model held the unit's prefix from earlier
     /// windows (with memory only).
     Memory,
@@ -14,15 +14,19 @@ pub enum Source {
     LeastLoaded,
 }
 
-impl Source {
-    pub const ALL: [Source; 3] = [Source::Memory, Source::Window, Source::LeastLoaded];
+impl PlacementReason {
+    pub const ALL: [PlacementReason; 3] = [
+        PlacementReason::Memory,
+        PlacementReason::Window,
+        PlacementReason::LeastLoaded,
+    ];
 
     /// A stable lower-case name (metric labels).
     pub fn label(self) -> &'static str {
         match self {
-            Source::Memory => "memory",
-            Source::Window => "window",
-            Source::LeastLoaded => "least_loaded",
+            PlacementReason::Memory => "memory",
+            PlacementReason::Window => "window",
+            PlacementReason::LeastLoaded => "least_loaded",
         }
     }
 }
@@ -76,7 +80,7 @@ pub struct Plan {
     /// Per request (batch order), the index of its replica, or `None` for no affinity.
     pub assignments: Vec<Option<usize>>,
     /// Per request, why it landed where it did (`None` when not assigned).
-    pub sources: Vec<Option<Source>>,
+    pub reasons: Vec<Option<PlacementReason>>,
     /// Final window load per replica, in the unit of `balance_by` (with memory, including the
     /// load carried over).
     pub loads: Vec<u64>,

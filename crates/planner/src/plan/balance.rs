@@ -3,7 +3,6 @@
 
 use std::cmp::{Ordering, Reverse};
 
-use super::placer::Placer;
 use super::units::Unit;
 use super::{BalanceBy, PlanParams};
 
@@ -22,46 +21,8 @@ pub(super) enum Balance {
     /// §4: the longest prefix among replicas under the fair share, else the least-loaded.
     FairShare { max_share: u64 },
     /// With memory in tokens mode, where load and prefill are both blocks: where the unit
-    /// finishes first, pricing the blocks it would prefill again (`Placer::earliest_finish`).
+    /// finishes first, pricing the blocks it would prefill again (`earliest_finish`).
     EarliestFinish,
-}
-
-impl Placer<'_> {
-    /// The replica holding a prefix (at least the preference's blocks) where the unit's first
-    /// member finishes first, if it beats the least-loaded replica (`earliest_finish`, with the
-    /// window's units as the users of each block).
-    pub(super) fn earliest_finish(&mut self, unit: &Unit<'_>) -> Option<usize> {
-        // One buffer for every unit's prices: allocating one per unit showed in the profile.
-        let mut price_from = std::mem::take(&mut self.price_from);
-        let best = self.earliest_finish_priced(unit, &mut price_from);
-        self.price_from = price_from;
-        best
-    }
-
-    /// `Placer::earliest_finish`, pricing in `price_from`.
-    pub(super) fn earliest_finish_priced(
-        &self,
-        unit: &Unit<'_>,
-        price_from: &mut Vec<f64>,
-    ) -> Option<usize> {
-        let need = self.prefer_from.unwrap_or(1);
-        let held = |r: usize| Some(self.matches[r]).filter(|&m| m >= need).unwrap_or(0);
-        let candidate = |r: usize| Candidate {
-            replica: r,
-            held: held(r),
-            load: self.load[r] as f64,
-            key: self.key(r),
-        };
-        let coldest = self.least_loaded().expect("at least one replica");
-        earliest_finish(
-            unit.blocks.len(),
-            self.matched.iter().map(|&r| candidate(r)),
-            candidate(coldest),
-            |depth| unit.shared_by(depth),
-            (self.total_load as f64, self.load.len()),
-            price_from,
-        )
-    }
 }
 
 /// A replica as `earliest_finish` ranks it: the leading blocks of the unit it holds (0 when

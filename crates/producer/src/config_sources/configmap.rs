@@ -13,7 +13,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 
-use crate::core::config_store::ConfigStore;
+use burst_prefix_core::config_store::ConfigStore;
 
 /// The key of the ConfigMap that holds the producer config (the operator writes it).
 pub use burst_prefix_runtime::producer::CONFIG_KEY;
@@ -77,7 +77,7 @@ impl ConfigMapWatch {
             Event::InitDone => {
                 if !self.seen_in_listing && self.store.current().is_none() {
                     tracing::warn!(
-                        source = %self.store.source(),
+                        source = %self.store.origin(),
                         "the ConfigMap does not exist yet; not ready until it does"
                     );
                 }
@@ -85,7 +85,7 @@ impl ConfigMapWatch {
             Event::Delete(_) => {
                 self.last = None;
                 tracing::warn!(
-                    source = %self.store.source(),
+                    source = %self.store.origin(),
                     "the ConfigMap was deleted; the last good config stays in force"
                 );
             }
@@ -138,8 +138,8 @@ pub async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::ConfigOrigin;
-    use crate::core::metrics::Metrics;
+    use burst_prefix_core::config_store::ConfigOrigin;
+    use burst_prefix_core::metrics::Metrics;
     use std::collections::BTreeMap;
 
     fn configmap(data: Option<&str>) -> ConfigMap {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::config_store::ConfigStore;
+use burst_prefix_core::config_store::ConfigStore;
 
 /// Reads the file, refusing one larger than `max_bytes` before reading it.
 fn read(path: &Path, max_bytes: u64) -> std::io::Result<String> {
@@ -92,8 +92,8 @@ pub async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::ConfigOrigin;
-    use crate::core::metrics::Metrics;
+    use burst_prefix_core::config_store::ConfigOrigin;
+    use burst_prefix_core::metrics::Metrics;
 
     const GOOD: &str = "endpoints:\n  - {id: a, address: '10.0.0.1:8000'}\n";
 

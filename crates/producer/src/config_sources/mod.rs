@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use crate::core::config_store::{ConfigOrigin, ConfigStore};
+use burst_prefix_core::config_store::{ConfigOrigin, ConfigStore};
 
 /// A config source, as the command line names it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -19,10 +19,13 @@
 //! 3. Response path: `envoy.lb` / `x-gateway-destination-endpoint-served` is counted per
 //!    endpoint; headers, body chunks and trailers pass through.
 //!
-//! A request counts as in flight on its endpoint until its stream ends: the planner gets the
-//! count as running requests, as in proxy mode. gRPC health (`grpc.health.v1`) answers for
-//! `liveness` (the process serves), `readiness` and the ext_proc service (ready: a config with
-//! endpoints is in force, this producer leads, and it is not shutting down).
+//! The request takes the core's path (docs/architecture.md): admitted on its headers, its body
+//! fed to the admission message by message, placed and routed once whole. The stream holds the
+//! route's handle until it ends, so the request counts as in flight on its endpoint until then
+//! (the planner gets the count as running requests, as in proxy mode). gRPC health
+//! (`grpc.health.v1`) answers for `liveness` (the process serves), `readiness` and the ext_proc
+//! service (ready: a config with endpoints is in force, this producer leads, and it is not
+//! shutting down). The picker's metrics (`burst_prefix_epp_*`) are here.
 
 pub mod data_plane;
 pub mod messages;
@@ -44,10 +47,11 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 
-use crate::core::body::take;
-use crate::core::budget::Reserved;
-use crate::core::{Finish, Hints, InFlight, PlaceError, PlaceRequest, Producer, Refused, Route};
+use burst_prefix_core::metrics::{EndpointSeries, Metrics};
+use burst_prefix_core::{Admission, Handle, Hints, KeepBody, PlaceError, Producer, Refused};
 use messages::Routing;
+use prometheus::{IntCounterVec, Opts};
+use std::sync::Arc;
 
 /// The gRPC service name of the ext_proc service, as health checks name it.
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -72,7 +76,8 @@ pub fn router(producer: Producer) -> Router {
     // Every stream's inbound bytes through a TransitBody: a message not yet whole counts in the
     // byte budget (tonic holds it before the picker sees it).
     let budget = producer.clone();
-    let processor = ExternalProcessorServer::new(Epp { producer })
+    let metrics = producer.metrics().front_end(EppMetrics::register);
+    let processor = ExternalProcessorServer::new(Epp { producer, metrics })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     tonic::service::Routes::new(processor)
@@ -118,6 +123,42 @@ async fn keep_health_current(producer: Producer, health: tonic_health::server::H
 
 struct Epp {
     producer: Producer,
+    metrics: Arc<EppMetrics>,
+}
+
+/// The endpoint picker's metrics, in the producer's registry.
+pub struct EppMetrics {
+    served: IntCounterVec,
+    immediate: IntCounterVec,
+}
+
+impl EppMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let served = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_epp_served_total",
+                "Requests a gateway reported served (x-gateway-destination-endpoint-served), by endpoint",
+            ),
+            &["endpoint"],
+        )
+        .unwrap();
+        let immediate = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_epp_immediate_responses_total",
+                "Requests the endpoint picker answered itself instead of routing them, by HTTP status",
+            ),
+            &["status"],
+        )
+        .unwrap();
+        for collector in [served.clone(), immediate.clone()] {
+            metrics
+                .registry()
+                .register(Box::new(collector))
+                .expect("registered once per producer");
+        }
+        metrics.per_endpoint(EndpointSeries::Counters(served.clone()));
+        EppMetrics { served, immediate }
+    }
 }
 
 /// The answers of one ext_proc stream, in order.
@@ -131,8 +172,9 @@ impl ExternalProcessor for Epp {
         &self,
         request: tonic::Request<Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Responses>, Status> {
-        Ok(tonic::Response::new(process(
+        Ok(tonic::Response::new(serve_stream(
             self.producer.clone(),
+            self.metrics.clone(),
             request.into_inner(),
         )))
     }
@@ -146,8 +188,16 @@ pub fn process<S>(producer: Producer, inbound: S) -> Responses
 where
     S: Stream<Item = Result<ProcessingRequest, Status>> + Send + 'static,
 {
+    let metrics = producer.metrics().front_end(EppMetrics::register);
+    serve_stream(producer, metrics, inbound)
+}
+
+fn serve_stream<S>(producer: Producer, metrics: Arc<EppMetrics>, inbound: S) -> Responses
+where
+    S: Stream<Item = Result<ProcessingRequest, Status>> + Send + 'static,
+{
     let (responses, outbound) = mpsc::channel(8);
-    let stream = HttpStream::new(producer, responses);
+    let stream = HttpStream::new(producer, metrics, responses);
     tokio::spawn(stream.run(inbound));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(outbound))
 }
@@ -182,20 +232,17 @@ impl BodyMode {
 /// One HTTP request's ext_proc stream.
 struct HttpStream {
     producer: Producer,
+    metrics: Arc<EppMetrics>,
     responses: mpsc::Sender<Result<ProcessingResponse, Status>>,
     request_mode: BodyMode,
     response_full_duplex: bool,
     subset: Option<Vec<String>>,
-    hints: Hints,
-    body: Vec<u8>,
-    /// The body's bytes in the budget of what requests hold before they are placed.
-    reserved: Reserved,
+    /// Admitted on its headers, its body being read.
+    admission: Option<Admission>,
     /// The routing decision was sent (or an immediate response ended the request).
     decided: bool,
-    /// Counted in flight on its endpoint until the stream ends.
-    in_flight: Option<(String, InFlight)>,
-    /// Placed on arrival: in the planner's work in flight until the stream ends.
-    finish: Option<Finish>,
+    /// Routed: the request in flight until the stream ends.
+    handle: Option<Handle>,
 }
 
 /// Why a stream ends early: the data plane is gone, or the request was answered immediately.
@@ -204,19 +251,18 @@ struct Ended;
 impl HttpStream {
     fn new(
         producer: Producer,
+        metrics: Arc<EppMetrics>,
         responses: mpsc::Sender<Result<ProcessingResponse, Status>>,
     ) -> Self {
         HttpStream {
             responses,
+            metrics,
             request_mode: BodyMode::FullDuplex,
             response_full_duplex: true,
             subset: None,
-            hints: Hints::default(),
-            body: Vec::new(),
-            reserved: producer.reserve(),
+            admission: None,
             decided: false,
-            in_flight: None,
-            finish: None,
+            handle: None,
             producer,
         }
     }
@@ -271,36 +317,40 @@ impl HttpStream {
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
                 self.subset = messages::subset(metadata);
-                let hints = Hints::from_header_values(|name| {
-                    messages::header_bytes(headers.headers.as_ref(), name)
-                });
-                match hints {
-                    Ok(hints) => self.hints = hints,
-                    Err(error) => return self.refuse(error.into()).await,
-                }
+                let header = |name: &str| messages::header_bytes(headers.headers.as_ref(), name);
+                let with_body = !headers.end_of_stream;
                 match self.request_mode {
-                    _ if headers.end_of_stream => self.route_without_body().await,
-                    BodyMode::NoBody => self.route_without_body().await,
-                    BodyMode::Buffered => {
-                        self.send(messages::request_headers(CommonResponse::default(), None))
-                            .await
+                    BodyMode::FullDuplex | BodyMode::Buffered if with_body => {
+                        match self.producer.admit(header) {
+                            Ok(admission) => self.admission = Some(admission),
+                            Err(refused) => return self.answer_refused(refused).await,
+                        }
+                        if self.request_mode == BodyMode::Buffered {
+                            let proceed =
+                                messages::request_headers(CommonResponse::default(), None);
+                            self.send(proceed).await?;
+                        }
+                        Ok(())
                     }
-                    BodyMode::FullDuplex => Ok(()),
-                    BodyMode::Unsupported(mode) => {
-                        self.refuse(PlaceError::UnsupportedBodyMode { mode }).await
-                    }
+                    // Routed by load: the hints are checked all the same.
+                    mode => match Hints::from_headers(header) {
+                        Err(error) => self.refuse(error.into()).await,
+                        Ok(_) => match mode {
+                            BodyMode::Unsupported(mode) if with_body => {
+                                self.refuse(PlaceError::UnsupportedBodyMode { mode }).await
+                            }
+                            _ => self.route_without_body().await,
+                        },
+                    },
                 }
             }
             Some(Request::RequestBody(body)) if !self.decided => {
-                let taken = self
-                    .producer
-                    .limits()
-                    .check_body(self.body.len() + body.body.len())
-                    .and_then(|()| take(&mut self.reserved, body.body.len()));
-                if let Err(error) = taken {
-                    return self.refuse(error).await;
+                let Some(admission) = self.admission.as_mut() else {
+                    return Ok(()); // A body without headers: nothing to route.
+                };
+                if let Err(refused) = admission.take(&body.body) {
+                    return self.answer_refused(refused).await;
                 }
-                self.body.extend_from_slice(&body.body);
                 if body.end_of_stream {
                     self.route_with_body(true).await
                 } else {
@@ -336,15 +386,15 @@ impl HttpStream {
 
     /// A request without a body: the least busy usable candidates.
     async fn route_without_body(&mut self) -> Result<(), Ended> {
-        let route = match self
+        let handle = match self
             .producer
             .route_by_load(self.subset.as_deref(), MAX_DESTINATIONS)
         {
-            Ok(route) => route,
+            Ok(handle) => handle,
             Err(refused) => return self.answer_refused(refused).await,
         };
-        self.start_in_flight(&route.first().id);
-        let routing = Routing::new(&route.addresses(), None);
+        let routing = Routing::new(&handle.route().addresses(), None);
+        self.handle = Some(handle);
         self.decided = true;
         self.send(messages::request_headers(
             routing.mutation,
@@ -353,31 +403,25 @@ impl HttpStream {
         .await
     }
 
-    /// The body is complete (`end_of_stream` says whether its last chunk said so): place it.
+    /// The body is complete (`end_of_stream` says whether its last chunk said so): place it,
+    /// and route it.
     async fn route_with_body(&mut self, end_of_stream: bool) -> Result<(), Ended> {
-        let body = std::mem::take(&mut self.body);
-        let producer = self.producer.clone();
-        let place = producer.place(PlaceRequest {
-            body: &body,
-            subset: self.subset.as_deref(),
-            hints: self.hints.clone(),
-            held: std::mem::replace(&mut self.reserved, producer.reserve()),
-        });
+        let Some(admission) = self.admission.take() else {
+            return Ok(()); // Trailers without headers: nothing to route.
+        };
+        let place = admission.place(self.subset.as_deref(), KeepBody::Keep);
         // If the data plane cancels the stream meanwhile, the request leaves the window.
-        let placement = tokio::select! {
-            placement = place => placement,
+        let placed = tokio::select! {
+            placed = place => placed,
             () = self.responses.closed() => return Err(Ended),
         };
-        let route: Result<Route, Refused> = placement.and_then(|placement| {
-            self.finish = self.producer.finish_when_dropped(&placement);
-            self.producer.route(&placement, MAX_DESTINATIONS - 1)
-        });
-        let route = match route {
-            Ok(route) => route,
+        let routed = match placed.and_then(|placed| placed.route(MAX_DESTINATIONS - 1)) {
+            Ok(routed) => routed,
             Err(refused) => return self.answer_refused(refused).await,
         };
-        let destinations = route.addresses();
-        self.start_in_flight(&route.first().id);
+        let destinations = routed.handle.route().addresses();
+        let body = routed.body;
+        self.handle = Some(routed.handle);
         self.decided = true;
         tracing::debug!(%destinations, "picked");
         match self.request_mode {
@@ -398,7 +442,7 @@ impl HttpStream {
                 ))
                 .await?;
                 self.send(messages::request_body(
-                    messages::streamed_body(body, end_of_stream),
+                    messages::streamed_body(body.to_vec(), end_of_stream),
                     None,
                 ))
                 .await
@@ -406,22 +450,13 @@ impl HttpStream {
         }
     }
 
-    fn start_in_flight(&mut self, id: &str) {
-        self.in_flight = Some((id.to_string(), self.producer.start_in_flight(id)));
-    }
-
     /// The data plane says which endpoint served: count it, and move the in-flight count there.
     fn count_served(&mut self, address: &str) {
-        let Some(endpoint) = self.producer.endpoint_at(address) else {
+        let Some(handle) = self.handle.as_mut() else {
             return;
         };
-        self.producer.metrics().epp_served(&endpoint.id);
-        if self
-            .in_flight
-            .as_ref()
-            .is_some_and(|(id, _)| id != &endpoint.id)
-        {
-            self.start_in_flight(&endpoint.id);
+        if let Some(endpoint) = handle.served_at(address) {
+            self.metrics.served.with_label_values(&[&endpoint.id]).inc();
         }
     }
 
@@ -435,7 +470,10 @@ impl HttpStream {
     async fn answer_refused(&mut self, refused: Refused) -> Result<(), Ended> {
         self.decided = true;
         let status = refused.status().as_u16();
-        self.producer.metrics().epp_immediate(status);
+        self.metrics
+            .immediate
+            .with_label_values(&[&status.to_string()])
+            .inc();
         self.send(messages::immediate(
             status,
             refused.code(),

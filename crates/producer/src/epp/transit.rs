@@ -15,9 +15,9 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tonic::{Code, Status};
 
-use crate::core::body::{take, BUDGET_RETRY_AFTER};
-use crate::core::budget::Reserved;
-use crate::core::PlaceError;
+use burst_prefix_core::admit::BUDGET_RETRY_AFTER;
+use burst_prefix_core::budget::Reserved;
+use burst_prefix_core::PlaceError;
 
 /// The gRPC message prefix: the compressed flag and the length.
 const PREFIX: usize = 5;
@@ -92,7 +92,7 @@ impl TransitBody {
             self.reserved.release();
         }
         let more = in_transit - self.reserved.bytes();
-        take(&mut self.reserved, more).is_ok()
+        self.reserved.grow(more)
     }
 }
 
@@ -143,7 +143,7 @@ pub fn refused(status: &Status, limit: usize) -> Option<PlaceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::budget::ByteBudget;
+    use burst_prefix_core::budget::ByteBudget;
 
     fn framed(length: u32, sent: usize) -> Vec<u8> {
         let mut frame = vec![0u8];

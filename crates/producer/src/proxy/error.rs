@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::core::Refused;
+use burst_prefix_core::Refused;
 
 /// Why the proxy answered instead of a replica.
 #[derive(Debug, thiserror::Error)]

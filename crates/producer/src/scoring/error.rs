@@ -6,8 +6,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::core::whole_batch::PlanError;
-use crate::core::{PlaceError, Refused};
+use burst_prefix_core::whole_batch::PlanError;
+use burst_prefix_core::{PlaceError, Refused};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {

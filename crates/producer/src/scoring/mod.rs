@@ -2,8 +2,10 @@
 //! request themselves and ask the producer only where it goes. Thin adapters around the core.
 //!
 //! - `POST /v1/produce`: the inference request body itself (optionally with `"endpoints"`); it
-//!   waits for its window and gets a [`ProduceResponse`]; `?matches=all|nonzero|none` chooses
-//!   which endpoints its `matches` lists.
+//!   takes the core's path up to placement (admit, read, place: docs/architecture.md), bounded
+//!   as a whole by [`REQUEST_TIMEOUT`] (a refusal, `request_timeout`, counted like any), and
+//!   gets a [`ProduceResponse`]; `?matches=all|nonzero|none` chooses which endpoints its
+//!   `matches` lists. Nothing is routed, so a placement on arrival counts with a half-life.
 //! - `POST /v1/plan`: a whole batch at once, no waiting (the `plan` subcommand's format).
 //! - `GET /v1/endpoints`: the replica set in force, its source and generation.
 
@@ -28,34 +30,90 @@ use std::sync::{Arc, OnceLock};
 use burst_prefix_api::PlannerConfig;
 use tokio::sync::Semaphore;
 
-use crate::core::body::read_body;
-use crate::core::metrics::Metrics;
-use crate::core::request::RequestError;
-use crate::core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
-use crate::core::{PlaceError, Producer};
+use burst_prefix_core::metrics::Metrics;
+use burst_prefix_core::read::RequestError;
+use burst_prefix_core::whole_batch::{plan_input, PlanBounds, PlanError, PlanInput, PlanOutput};
+use burst_prefix_core::{KeepBody, PlaceError, Producer};
 use error::ApiError;
+use prometheus::{IntCounterVec, Opts};
 use response::{MatchesShown, ProduceResponse};
 
 pub fn router(producer: Producer) -> Router {
+    router_within(producer, REQUEST_TIMEOUT)
+}
+
+/// The scoring API with its own bound on a request (the tests take a shorter one than
+/// [`REQUEST_TIMEOUT`]).
+pub fn router_within(producer: Producer, request_timeout: Duration) -> Router {
+    let state = Scoring {
+        request_timeout,
+        metrics: producer.metrics().front_end(ScoringMetrics::register),
+        producer,
+    };
+    // `/v1/produce` bounds itself (its timeout is a refusal the core counts); the others
+    // through the layer.
     Router::new()
-        .route("/v1/produce", post(produce))
         .route("/v1/plan", post(plan_whole_batch))
         .route("/v1/endpoints", get(endpoints))
         .route("/v1/memory/reset", post(reset_memory))
         .fallback(not_found)
-        .layer(middleware::from_fn(request_timeout))
-        .with_state(producer)
+        .layer(middleware::from_fn(move |request, next| {
+            bounded(request_timeout, request, next)
+        }))
+        .route("/v1/produce", post(produce))
+        .with_state(state)
+}
+
+/// What the scoring API's handlers share.
+#[derive(Clone)]
+struct Scoring {
+    producer: Producer,
+    /// No request takes longer ([`REQUEST_TIMEOUT`]).
+    request_timeout: Duration,
+    metrics: Arc<ScoringMetrics>,
+}
+
+/// The scoring API's metrics, in the producer's registry.
+struct ScoringMetrics {
+    plans: IntCounterVec,
+}
+
+impl ScoringMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let plans = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_plans_total",
+                "POST /v1/plan batches by result: planned, refused (bad input or too large), abandoned (client gone or shutting down)",
+            ),
+            &["result"],
+        )
+        .unwrap();
+        for result in ["planned", "refused", "abandoned"] {
+            plans.with_label_values(&[result]);
+        }
+        metrics
+            .registry()
+            .register(Box::new(plans.clone()))
+            .expect("registered once per producer");
+        ScoringMetrics { plans }
+    }
+
+    fn count_plan(&self, result: &str) {
+        self.plans.with_label_values(&[result]).inc();
+    }
 }
 
 /// No request takes longer than this, however slowly its client sends the body. A produce
 /// request that has joined a window is answered long before (windows last at most 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn request_timeout(request: Request, next: Next) -> Response {
-    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+/// Answers 408 `request_timeout` for a call that takes longer than `limit` (`/v1/plan` counts
+/// it abandoned).
+async fn bounded(limit: Duration, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::Timeout {
-            seconds: REQUEST_TIMEOUT.as_secs(),
+            seconds: limit.as_secs(),
         }
         .into_response(),
     }
@@ -67,7 +125,11 @@ struct ProduceQuery {
 }
 
 async fn produce(
-    State(producer): State<Producer>,
+    State(Scoring {
+        producer,
+        request_timeout,
+        ..
+    }): State<Scoring>,
     Query(query): Query<ProduceQuery>,
     headers: HeaderMap,
     body: Body,
@@ -84,9 +146,11 @@ async fn produce(
             return Err(producer.refuse(error.into()).into());
         }
     };
-    let (body, placement) = producer.place_http(&headers, body, false).await?;
-    drop(body);
-    Ok(Json(ProduceResponse::new(&placement, shown)))
+    let admission = producer
+        .admit_http(&headers, body, Some(request_timeout))
+        .await?;
+    let placed = admission.place(None, KeepBody::Drop).await?;
+    Ok(Json(ProduceResponse::new(placed.placement(), shown)))
 }
 
 /// At most as many `/v1/plan` jobs run at once as there are cores; the windows' own planning
@@ -110,7 +174,7 @@ impl Drop for CancelOnDrop {
 /// Counts a `/v1/plan` call as abandoned if its handler is dropped before the plan job takes
 /// over (which counts its own outcome): the client left, or the request timed out, while its
 /// body was still being read or while it waited for a slot.
-struct AbandonedUnlessHandedOver(Option<Arc<Metrics>>);
+struct AbandonedUnlessHandedOver(Option<Arc<ScoringMetrics>>);
 
 impl AbandonedUnlessHandedOver {
     fn hand_over(mut self) {
@@ -121,20 +185,25 @@ impl AbandonedUnlessHandedOver {
 impl Drop for AbandonedUnlessHandedOver {
     fn drop(&mut self) {
         if let Some(metrics) = self.0.take() {
-            metrics.plan("abandoned");
+            metrics.count_plan("abandoned");
         }
     }
 }
 
 async fn plan_whole_batch(
-    State(producer): State<Producer>,
+    State(Scoring {
+        producer, metrics, ..
+    }): State<Scoring>,
     request: Request,
 ) -> Result<Json<PlanOutput>, ApiError> {
-    let unfinished = AbandonedUnlessHandedOver(Some(producer.metrics().clone()));
+    let unfinished = AbandonedUnlessHandedOver(Some(metrics.clone()));
     // The body is read here rather than by an extractor, so that a client leaving while it is
     // read is counted (hyper drops the handler as soon as it reads the end of the connection).
-    let mut reserved = producer.reserve();
-    let body = read_body(request.into_body(), producer.limits(), &mut reserved).await;
+    let mut reader = producer.body_reader();
+    let body = reader
+        .read_http(request.into_body())
+        .await
+        .map(|()| reader.finish().bytes);
     let slot = match body {
         Ok(body) => plan_slots()
             .acquire()
@@ -142,7 +211,7 @@ async fn plan_whole_batch(
             .map(|slot| (body, slot))
             .map_err(|e| ApiError::Internal(e.to_string())),
         Err(error) => {
-            producer.metrics().plan("refused");
+            metrics.count_plan("refused");
             Err(ApiError::Body(error))
         }
     };
@@ -166,7 +235,7 @@ async fn plan_whole_batch(
             cancelled: &stop,
         };
         let result = PlanInput::parse(&body).and_then(|input| plan_input(&input, &bounds));
-        producer.metrics().plan(match &result {
+        metrics.count_plan(match &result {
             Ok(_) => "planned",
             Err(PlanError::Abandoned) => "abandoned",
             Err(_) => "refused",
@@ -181,7 +250,7 @@ async fn plan_whole_batch(
 /// `POST /v1/memory/reset`: forget what replicas cache (after a weight update, an engine
 /// restart): `{"endpoints": [ids]}` for some, an empty body for every one.
 async fn reset_memory(
-    State(producer): State<Producer>,
+    State(Scoring { producer, .. }): State<Scoring>,
     request: Request,
 ) -> Result<Json<Value>, ApiError> {
     #[derive(Deserialize)]
@@ -189,10 +258,12 @@ async fn reset_memory(
     struct Reset {
         endpoints: Option<Vec<String>>,
     }
-    let mut reserved = producer.reserve();
-    let body = read_body(request.into_body(), producer.limits(), &mut reserved)
+    let mut reader = producer.body_reader();
+    reader
+        .read_http(request.into_body())
         .await
         .map_err(ApiError::Body)?;
+    let body = reader.finish().bytes;
     let reset: Reset = if body.iter().all(u8::is_ascii_whitespace) {
         Reset { endpoints: None }
     } else {
@@ -210,10 +281,10 @@ async fn reset_memory(
     })))
 }
 
-async fn endpoints(State(producer): State<Producer>) -> Json<Value> {
+async fn endpoints(State(Scoring { producer, .. }): State<Scoring>) -> Json<Value> {
     let current = producer.config();
     Json(serde_json::json!({
-        "source": producer.config_store().source(),
+        "source": producer.config_store().origin(),
         "generation": current.as_ref().map_or(0, |snapshot| snapshot.generation),
         "ready": producer.ready(),
         "endpoints": current.as_ref().map(|s| &s.config.endpoints[..]).unwrap_or(&[]),

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Placement;
+use burst_prefix_core::Placement;
 
 /// Which endpoints a `/v1/produce` answer lists in `matches` (`?matches=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -104,9 +104,9 @@ impl ProduceResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config_store::Snapshot;
-    use crate::core::window::seal::SealReason;
     use burst_prefix_api::ProducerConfig;
+    use burst_prefix_core::config_store::Snapshot;
+    use burst_prefix_core::place::SealReason;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -130,7 +130,7 @@ mod tests {
             sealed_by: SealReason::Timer,
             snapshot: Arc::new(Snapshot::new(config, 1)),
             memory: None,
-            arrival: None,
+            finish: None,
         }
     }
 

@@ -13,15 +13,15 @@ use burst_prefix_runtime::producer::DEFAULT_DRAIN_TIMEOUT_MS;
 use clap::{ArgGroup, Args};
 
 use crate::config_sources::{configmap, ConfigSource};
-use crate::core::limits::{
-    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
-    DEFAULT_MAX_WINDOW_BYTES,
-};
-use crate::core::Limits;
 use crate::listen::ConnectionLimits;
 use crate::proxy::{ProxyConfig, DEFAULT_MAX_IDLE_PER_UPSTREAM};
 use crate::serve::Role;
-use crate::tls::{self, CertificateSource};
+use crate::tls::{self, ServingCertificate};
+use burst_prefix_core::admit::{
+    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PLAN_REPLICAS,
+    DEFAULT_MAX_WINDOW_BYTES,
+};
+use burst_prefix_core::Limits;
 use tokio_rustls::TlsAcceptor;
 
 /// Every interface, on `port`.
@@ -151,23 +151,23 @@ pub struct Acceptors {
 
 impl TlsArgs {
     /// Where the endpoint picker's certificate comes from; `None`: plaintext.
-    pub fn epp_source(&self) -> Option<CertificateSource> {
+    pub fn epp_certificate(&self) -> Option<ServingCertificate> {
         match (&self.epp_tls_cert, &self.epp_tls_key) {
             _ if self.epp_plaintext => None,
-            (Some(cert), Some(key)) => Some(CertificateSource::Files {
+            (Some(cert), Some(key)) => Some(ServingCertificate::Files {
                 cert: cert.clone(),
                 key: key.clone(),
             }),
-            _ => Some(CertificateSource::SelfSigned),
+            _ => Some(ServingCertificate::SelfSigned),
         }
     }
 
     /// How the endpoint picker serves, for the logs.
     pub fn epp_description(&self) -> &'static str {
-        match self.epp_source() {
+        match self.epp_certificate() {
             None => "plaintext",
-            Some(CertificateSource::SelfSigned) => "self-signed",
-            Some(CertificateSource::Files { .. }) => "files",
+            Some(ServingCertificate::SelfSigned) => "self-signed",
+            Some(ServingCertificate::Files { .. }) => "files",
         }
     }
 
@@ -176,7 +176,7 @@ impl TlsArgs {
     pub fn acceptors(&self) -> Result<Acceptors, String> {
         let api = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(tls::acceptor(
-                &CertificateSource::Files {
+                &ServingCertificate::Files {
                     cert: cert.clone(),
                     key: key.clone(),
                 },
@@ -185,7 +185,7 @@ impl TlsArgs {
             _ => None,
         };
         let epp = self
-            .epp_source()
+            .epp_certificate()
             .map(|source| tls::acceptor(&source, &[b"h2"]))
             .transpose()?;
         Ok(Acceptors { api, epp })
@@ -393,8 +393,8 @@ mod tests {
                 assert_eq!(serve.leader.lease_namespace, "ml");
                 assert_eq!(serve.drain_timeout_ms, 30_000);
                 assert_eq!(
-                    serve.tls.epp_source(),
-                    Some(CertificateSource::Files {
+                    serve.tls.epp_certificate(),
+                    Some(ServingCertificate::Files {
                         cert: "/etc/epp/tls.crt".into(),
                         key: "/etc/epp/tls.key".into(),
                     })
@@ -402,7 +402,7 @@ mod tests {
                 assert_eq!(serve.tls.tls_key, Some("/etc/api/tls.key".into()));
             } else {
                 assert_eq!(serve.drain_timeout_ms, DEFAULT_DRAIN_TIMEOUT_MS);
-                assert_eq!(serve.tls.epp_source(), None, "plaintext");
+                assert_eq!(serve.tls.epp_certificate(), None, "plaintext");
                 assert_eq!(serve.tls.tls_cert, None);
                 // The proxy flags' defaults are the library's (tests and benches use those).
                 assert_eq!(serve.proxy.config(), ProxyConfig::default());

@@ -19,7 +19,7 @@ pub use burst_prefix_runtime::logging::{LogArgs, LogFormat};
 pub use args::ServeArgs;
 pub use service::{Binding, Role, Service};
 
-use crate::core::Producer;
+use burst_prefix_core::Producer;
 
 /// Runs `serve` to the end: exit 0 after a graceful shutdown, 2 when it cannot start.
 pub fn run(args: ServeArgs) -> ExitCode {
@@ -67,7 +67,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         epp = %service.addr(Role::Epp).expect("bound"),
         epp_tls = %args.tls.epp_description(),
         admin = %service.addr(Role::Admin).expect("bound"),
-        source = %service.producer.config_store().source(),
+        source = %service.producer.config_store().origin(),
         "listening"
     );
     shutdown.received().await;

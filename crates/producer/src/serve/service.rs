@@ -11,10 +11,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
-use crate::core::Producer;
 use crate::listen::{self, ConnectionLimits};
 use crate::proxy::{self, ProxyConfig};
 use crate::{admin, engine_feeds, epp, scoring};
+use burst_prefix_core::Producer;
 
 /// What a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

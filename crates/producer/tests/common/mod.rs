@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burst_prefix_producer::core::{Limits, Producer};
+use burst_prefix_core::{Limits, Producer};
 use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_producer::serve::{Role, Service};
 use nix::sys::signal::{kill, Signal};
@@ -189,11 +189,35 @@ pub struct Binary {
     /// `ip:port` of the endpoint picker (TLS by default, h2c with `--epp-plaintext`).
     pub epp: String,
     pub logs: Arc<Mutex<Vec<String>>>,
+    /// The config file it serves, in a directory that goes with it.
+    config: Option<(tempfile::TempDir, std::path::PathBuf)>,
 }
 
 impl Binary {
     pub fn serve(args: &[&str]) -> Binary {
         Self::serve_with_env(args, &[])
+    }
+
+    /// The binary serving the config `yaml` (`--config`, a file it keeps) with `flags`.
+    pub fn serve_config(yaml: &str, flags: &[&str]) -> Binary {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let mut args = vec!["--config", path.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let mut binary = Self::serve(&args);
+        binary.config = Some((dir, path));
+        binary
+    }
+
+    /// The config file of [`Binary::serve_config`] (rewrite it to reload).
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config.as_ref().expect("served with serve_config").1
+    }
+
+    /// `ip:port` of the API.
+    pub fn api(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
     }
 
     pub fn serve_with_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Binary {
@@ -256,6 +280,7 @@ impl Binary {
             admin: format!("http://{admin}"),
             epp,
             logs,
+            config: None,
         }
     }
 

@@ -1,0 +1,243 @@
+//! What both placers remember (docs/behaviour.md §7), and what they feed the planner of each
+//! replica.
+//!
+//! [`CacheModels`]: one model per policy of what each replica caches, its time from a monotonic
+//! clock started with the producer, dropped for an endpoint when the endpoint leaves the config,
+//! and rebuilt when its settings (or the block size) change; what the engines say they hold is
+//! touched in it before each plan. The placers hold it under one lock, so windows and arrivals
+//! are placed one at a time. Its metrics are registered here:
+//!
+//! - `burst_prefix_memory_blocks{endpoint}`: blocks the model holds per endpoint;
+//! - `burst_prefix_placements_total{source}`: placed requests by why they landed there:
+//!   `memory` (a prefix remembered from earlier windows), `window` (a prefix placed earlier in
+//!   the same window), `least_loaded` (no usable prefix).
+//!
+//! [`replicas_now`]: the endpoints usable now (not cooling down), each with the requests it runs.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use burst_prefix_api::Endpoint;
+use burst_prefix_planner::{Memory, MemorySettings, PlacementReason, Plan, Replica};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::batch::plan_batch;
+use crate::config_store::Snapshot;
+use crate::engines::Engines;
+use crate::live::LiveEndpoints;
+use crate::read::HashedRequest;
+
+/// The cache models, shared by the placers.
+pub type SharedModels = Arc<Mutex<CacheModels>>;
+
+/// Locks the models (a panic while planning leaves them usable: recover rather than cascade).
+pub fn lock(models: &SharedModels) -> MutexGuard<'_, CacheModels> {
+    models
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What the placers remember of earlier placements, when the config enables memory.
+pub struct CacheModels {
+    /// The model and what it was built for: settings and block size; `None` while disabled.
+    model: Option<(Memory, usize)>,
+    /// The config generation the model's endpoints were last checked against.
+    generation: u64,
+    started: Instant,
+    blocks: IntGaugeVec,
+    /// The endpoints `blocks` has a series for: one the model no longer holds (left the config,
+    /// or forgotten on a reset or new weights) loses its series at the next settle.
+    reported: HashSet<String>,
+    placements: IntCounterVec,
+    /// Touches since the model was last settled.
+    unsettled: bool,
+    /// What the engines hold and their load, applied to the model before each plan.
+    engines: Arc<Engines>,
+}
+
+impl CacheModels {
+    pub fn new(registry: &Registry, engines: Arc<Engines>) -> Self {
+        let blocks = IntGaugeVec::new(
+            Opts::new(
+                "burst_prefix_memory_blocks",
+                "Prefix blocks the planner's memory holds for an endpoint (docs/behaviour.md §7)",
+            ),
+            &["endpoint"],
+        )
+        .unwrap();
+        let placements = IntCounterVec::new(
+            Opts::new(
+                "burst_prefix_placements_total",
+                "Placed requests by source: memory (a prefix remembered from earlier windows), window (a prefix placed earlier in the window), least_loaded (no usable prefix)",
+            ),
+            &["source"],
+        )
+        .unwrap();
+        for reason in PlacementReason::ALL {
+            placements.with_label_values(&[reason.label()]);
+        }
+        registry.register(Box::new(blocks.clone())).unwrap();
+        registry.register(Box::new(placements.clone())).unwrap();
+        CacheModels {
+            model: None,
+            generation: 0,
+            started: Instant::now(),
+            blocks,
+            reported: HashSet::new(),
+            placements,
+            unsettled: false,
+            engines,
+        }
+    }
+
+    pub fn engines(&self) -> &Arc<Engines> {
+        &self.engines
+    }
+
+    /// The config generation last followed.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Plans one batch of `requests` under `snapshot`'s config on `replicas` (indices of that
+    /// list), with the memory when enabled. Its touches wait for [`CacheModels::settle`].
+    pub fn plan(
+        &mut self,
+        snapshot: &Snapshot,
+        replicas: &[Replica<'_>],
+        requests: &[HashedRequest],
+    ) -> Plan {
+        self.follow(snapshot);
+        self.apply_engines();
+        let now_ms = self.now_ms();
+        let memory = self.model.as_mut().map(|(memory, _)| (memory, now_ms));
+        let plan = plan_batch(&snapshot.settings.plan, replicas, requests, memory);
+        for reason in plan.reasons.iter().flatten() {
+            self.count(*reason);
+        }
+        plan
+    }
+
+    /// The model, to place with (`None` while memory is disabled); a placement touches it, so
+    /// that the next settle merges it.
+    pub fn memory_to_touch(&mut self) -> Option<&mut Memory> {
+        let (memory, _) = self.model.as_mut()?;
+        self.unsettled = true;
+        Some(memory)
+    }
+
+    /// Whether placements touched the model since it was last settled.
+    pub fn unsettled(&self) -> bool {
+        self.unsettled
+    }
+
+    /// Counts a placed request's reason.
+    pub fn count(&self, reason: PlacementReason) {
+        self.placements.with_label_values(&[reason.label()]).inc();
+    }
+
+    /// Applies what the engines said since the last plan; true when they touched the model.
+    pub fn apply_engines(&mut self) -> bool {
+        let engines = self.engines.clone();
+        engines.apply_pending(self.model.as_mut().map(|(memory, _)| memory))
+    }
+
+    /// Merges the placements so far into the model, and updates its metrics: called once a
+    /// window's requests are answered, so that they do not wait for it.
+    pub fn settle(&mut self) {
+        self.unsettled = false;
+        let mut reported = HashSet::new();
+        if let Some((memory, _)) = &mut self.model {
+            memory.settle();
+            for (endpoint, blocks) in memory.replica_blocks() {
+                self.blocks
+                    .with_label_values(&[endpoint])
+                    .set(blocks as i64);
+                reported.insert(endpoint.to_string());
+            }
+        }
+        for gone in self.reported.difference(&reported) {
+            let _ = self.blocks.remove_label_values(&[gone]);
+        }
+        self.reported = reported;
+    }
+
+    /// Milliseconds on the models' clock (the memory's and the arrivals' time).
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Builds, rebuilds or drops the model for `snapshot`'s memory settings, and drops the
+    /// models of endpoints that left the config.
+    pub fn follow(&mut self, snapshot: &Snapshot) {
+        let settings: Option<MemorySettings> = snapshot.config.planner.memory_settings();
+        let block_size = snapshot.settings.block_spec.block_size_tokens;
+        let fits = match (&self.model, settings) {
+            (Some((memory, size)), Some(settings)) => {
+                memory.settings() == settings && *size == block_size
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !fits {
+            self.model = settings.map(|settings| (Memory::new(settings), block_size));
+            self.blocks.reset();
+            self.reported.clear();
+        }
+        if snapshot.generation != self.generation {
+            self.generation = snapshot.generation;
+            if let Some((memory, _)) = &mut self.model {
+                let ids: HashSet<&str> = snapshot
+                    .config
+                    .endpoints
+                    .iter()
+                    .map(|e| e.id.as_str())
+                    .collect();
+                let mut gone = Vec::new();
+                memory.retain_replicas(|id| {
+                    let keep = ids.contains(id);
+                    if !keep {
+                        gone.push(id.to_string());
+                    }
+                    keep
+                });
+                // Their series go now, before the window is answered.
+                for id in gone {
+                    let _ = self.blocks.remove_label_values(&[&id]);
+                    self.reported.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+/// The endpoints of `snapshot` usable at `now` (config indices) and the replicas the planner
+/// places on, in that order: each with what it runs now, for the tie-break.
+pub fn replicas_now<'a>(
+    snapshot: &'a Snapshot,
+    live: &LiveEndpoints,
+    engines: &Engines,
+    now: Instant,
+) -> (Vec<usize>, Vec<Replica<'a>>) {
+    let endpoints = &snapshot.config.endpoints;
+    let usable = live.usable(endpoints, now);
+    let replicas = usable
+        .iter()
+        .map(|&i| Replica {
+            id: &endpoints[i].id,
+            running_requests: running_requests(&endpoints[i], live, engines),
+        })
+        .collect();
+    (usable, replicas)
+}
+
+/// What an endpoint runs now: the config's figure plus the requests in flight through this
+/// producer, or its engine's own count (running and waiting) when that is known and larger
+/// (requests that reached it some other way).
+fn running_requests(endpoint: &Endpoint, live: &LiveEndpoints, engines: &Engines) -> u64 {
+    let ours = endpoint.running_requests.unwrap_or(0) + live.in_flight(&endpoint.id);
+    engines
+        .load(&endpoint.id)
+        .map_or(ours, |engine| engine.max(ours))
+}

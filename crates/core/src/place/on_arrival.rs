@@ -1,0 +1,198 @@
+//! The on-arrival placer (zero-wait mode, `windowDurationMs: 0`, docs/behaviour.md §3): a
+//! request is placed the moment it is read, from what is known then: the placements still in
+//! flight and the memory (the planner's `InFlight`). The models' lock is held for that one
+//! placement only.
+//!
+//! What is in flight ends two ways: a front-end that sees the answer end (the proxy, the
+//! endpoint picker) drops its route's handle, which finishes the placement (its
+//! [`Completion`]);
+//! otherwise (`/v1/produce`) a placement counts with a half-life of
+//! [`UNREPORTED_HALF_LIFE_MS`], about a completion's length.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use burst_prefix_planner::{Arrival, ArrivalPlacement, InFlight, InFlightSettings, PlacementId};
+
+use super::memory::{self, SharedModels};
+use super::{Completion, Decision, NotPlaced, Placer, RequestHeld, SealReason, ToPlace};
+use crate::config_store::Snapshot;
+use crate::engines::Engines;
+use crate::error::PlaceError;
+use crate::live::LiveEndpoints;
+
+/// How long a placement counts that nobody reports finished, in half-lives.
+pub const UNREPORTED_HALF_LIFE_MS: u64 = 10_000;
+
+/// The memory's touches are merged at most this often (each merge passes over the replicas).
+const SETTLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Places requests as they arrive.
+pub struct Arrivals {
+    state: Mutex<State>,
+    models: SharedModels,
+    live: Arc<LiveEndpoints>,
+    /// Set once the producer shuts down: nothing more is placed.
+    closed: Arc<AtomicBool>,
+}
+
+/// The placements on arrival in flight, on the replicas usable when they were last looked at.
+struct State {
+    in_flight: InFlight,
+    /// Config indices of the replicas `in_flight` knows, in its order.
+    usable: Vec<usize>,
+    /// Endpoint id to its position in `usable`.
+    position: HashMap<String, usize>,
+    /// What `usable` was computed from: the config generation and the cool-downs.
+    seen: Option<(u64, u64)>,
+    /// Some endpoint was cooling down then: look again, its cool-down may have ended.
+    cooling: bool,
+    /// Placements made (the `window` id of the next one).
+    placed: u64,
+    last_settle: Instant,
+}
+
+impl Arrivals {
+    pub fn new(models: SharedModels, live: Arc<LiveEndpoints>, closed: Arc<AtomicBool>) -> Self {
+        Arrivals {
+            state: Mutex::new(State {
+                in_flight: InFlight::new(InFlightSettings {
+                    load_half_life_ms: UNREPORTED_HALF_LIFE_MS,
+                }),
+                usable: Vec::new(),
+                position: HashMap::new(),
+                seen: None,
+                cooling: false,
+                placed: 0,
+                last_settle: Instant::now(),
+            }),
+            models,
+            live,
+            closed,
+        }
+    }
+
+    /// Takes placement `id` off the work in flight.
+    fn finish(&self, id: PlacementId) {
+        let now_ms = memory::lock(&self.models).now_ms();
+        self.state().in_flight.finish(id, now_ms);
+    }
+
+    /// Placements still in flight (not finished, not expired).
+    pub fn in_flight(&self) -> usize {
+        self.state().in_flight.len()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Placer for Arc<Arrivals> {
+    /// Places `request` now on the endpoints usable now, under the config it was read with.
+    async fn place(&self, request: ToPlace) -> Result<Decision, NotPlaced> {
+        let started = Instant::now();
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(PlaceError::ShuttingDown.into());
+        }
+        let snapshot = request.snapshot;
+        if snapshot.config.endpoints.is_empty() {
+            return Err(PlaceError::NoEndpoints.into());
+        }
+        let mut state = self.state();
+        let mut models = memory::lock(&self.models);
+        models.follow(&snapshot);
+        let engines = models.engines().clone();
+        let engines_changed = models.apply_engines();
+        // The touches of earlier placements are merged before this one, not after: a placement
+        // finished since (its flight gone) is then known from the memory alone. A burst merges
+        // at most every SETTLE_EVERY (its own flights cover it meanwhile); what the engines
+        // hold counts for this very placement.
+        let due = models.unsettled() && started.duration_since(state.last_settle) >= SETTLE_EVERY;
+        if engines_changed || due {
+            state.last_settle = started;
+            models.settle();
+        }
+        state.look_at_replicas(&snapshot, &self.live, &engines, started);
+        let now_ms = models.now_ms();
+        let allowed: Option<Vec<usize>> = request.request.endpoints.as_ref().map(|ids| {
+            let mut allowed: Vec<usize> = ids
+                .iter()
+                .filter_map(|id| state.position.get(id).copied())
+                .collect();
+            allowed.sort_unstable();
+            allowed
+        });
+        let arrival = Arrival {
+            blocks: &request.request.blocks,
+            allowed_replicas: allowed.as_deref(),
+            group_size: request.group_size.map(|size| size.get() as usize),
+        };
+        let placed: ArrivalPlacement = state.in_flight.place(
+            &arrival,
+            &snapshot.settings.plan,
+            models.memory_to_touch(),
+            now_ms,
+        );
+        if let Some(reason) = placed.reason {
+            models.count(reason);
+        }
+        drop(models);
+        state.placed += 1;
+        let to_config = |position: usize| state.usable[position];
+        let held = placed
+            .held
+            .iter()
+            .map(|&(position, blocks)| (to_config(position), blocks))
+            .collect();
+        Ok(Decision {
+            assigned: placed.replica.map(to_config),
+            window_id: state.placed,
+            window_size: 1,
+            sealed_by: SealReason::Arrival,
+            waited: started.elapsed(),
+            memory: Some(RequestHeld::OnArrival(held)),
+            finish: Some({
+                let (arrivals, id) = (self.clone(), placed.id);
+                Completion::new(move || arrivals.finish(id))
+            }),
+            request: request.request,
+            snapshot,
+        })
+    }
+}
+
+impl State {
+    /// Gives the planner the endpoints usable now when they may have changed: a new config, a
+    /// cool-down begun, or one that may have ended.
+    fn look_at_replicas(
+        &mut self,
+        snapshot: &Snapshot,
+        live: &LiveEndpoints,
+        engines: &Engines,
+        now: Instant,
+    ) {
+        let seen = (snapshot.generation, live.cool_downs());
+        if self.seen == Some(seen) && !self.cooling {
+            return;
+        }
+        let endpoints = &snapshot.config.endpoints;
+        let (usable, replicas) = memory::replicas_now(snapshot, live, engines, now);
+        self.cooling = usable.len() < endpoints.len() || live.any_cooling(endpoints, now);
+        self.seen = Some(seen);
+        if usable == self.usable && self.position.len() == usable.len() {
+            return;
+        }
+        self.in_flight.set_replicas(&replicas);
+        self.position = usable
+            .iter()
+            .enumerate()
+            .map(|(position, &i)| (endpoints[i].id.clone(), position))
+            .collect();
+        self.usable = usable;
+    }
+}

@@ -1,0 +1,360 @@
+//! Step 5 of the spec's placement: each unit's first replica, filled up to k, then spilled to
+//! the next least-loaded replica; the load it adds.
+
+use std::collections::BTreeSet;
+
+use super::balance::{earliest_finish, Balance, Candidate};
+use super::held_blocks::HeldBlocks;
+use super::recall::Recall;
+use super::units::Unit;
+use super::walk::{Matches, WindowHolders};
+use super::{BalanceBy, HeldPrefixes, PlacementReason, Plan, PlanParams, Replica};
+use crate::prefixhash::BlockHash;
+
+/// Step 5: the state of one window's placement.
+///
+/// Cost: with memory, each unit walks the holders of its leading blocks once (a per-replica
+/// marker, never a scan of a holder list per replica), since its answer lists them all; without
+/// it, the replicas a unit lands on look up what they hold, and with the prefix preference
+/// (N > 0) the unit's first replica comes from the holders of its deepest held block by load
+/// (`HeldBlocks`). The least-loaded replica comes from an ordered index, not a scan of the
+/// replicas.
+pub(super) struct UnitPlacer<'a> {
+    params: &'a PlanParams,
+    /// With memory: the walk reads its models beside the window's own index.
+    recall: Option<Recall<'a>>,
+    /// k, with unlimited as `usize::MAX`.
+    k: usize,
+    balance: Balance,
+    /// The prefix preference: replicas need at least this many leading blocks.
+    prefer_from: Option<usize>,
+    load: Vec<u64>,
+    /// The sum of `load`.
+    total_load: u64,
+    /// The static part of the tie-break: rank by (running requests, id bytes).
+    order: Vec<u32>,
+    /// Replicas under k for the current unit, by (load, order): the least-loaded is the first.
+    under_k: BTreeSet<(u64, u32)>,
+    /// Replica by `order`, to read `under_k`'s entries.
+    by_order: Vec<u32>,
+    /// Replicas that reached k in the current unit, out of `under_k` until the unit is placed.
+    full: Vec<usize>,
+    /// Placing members beyond k x replicas: every replica stays a candidate.
+    overflowing: bool,
+    /// Without memory: what this window placed where.
+    held: HeldBlocks<'a>,
+    /// With memory: the replicas this window placed each shared block on.
+    window: WindowHolders,
+    /// Scratch: the leading blocks of the current unit each replica holds.
+    matches: Matches,
+    /// Scratch, per replica: members of the current unit placed on it.
+    members_here: Vec<usize>,
+    /// Scratch: replicas the current unit touched, in placement order.
+    touched: Vec<usize>,
+    /// Scratch, per replica, with memory: a member of the current unit placed on it may use it
+    /// (step 7), so its model records the unit.
+    usable: Vec<bool>,
+    /// Scratch for `UnitPlacer::earliest_finish`.
+    price_from: Vec<f64>,
+}
+
+impl<'a> UnitPlacer<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        replicas: &'a [Replica<'a>],
+        params: &'a PlanParams,
+        balance: Balance,
+        prefer_from: Option<usize>,
+        load: Vec<u64>,
+        recall: Option<Recall<'a>>,
+        walked_blocks: usize,
+        held: HeldBlocks<'a>,
+    ) -> Self {
+        let mut by_order: Vec<u32> = (0..replicas.len() as u32).collect();
+        // Stable: equal ids (never in practice) keep index order.
+        by_order.sort_by(|&a, &b| {
+            let key = |r: u32| {
+                let replica = &replicas[r as usize];
+                (replica.running_requests, replica.id.as_bytes())
+            };
+            key(a).cmp(&key(b))
+        });
+        let mut order = vec![0; replicas.len()];
+        for (rank, &replica) in by_order.iter().enumerate() {
+            order[replica as usize] = rank as u32;
+        }
+        UnitPlacer {
+            params,
+            k: params.max_per_replica.unwrap_or(usize::MAX),
+            balance,
+            prefer_from,
+            under_k: (0..replicas.len()).map(|r| (load[r], order[r])).collect(),
+            total_load: load.iter().sum(),
+            load,
+            order,
+            by_order,
+            full: Vec::new(),
+            overflowing: false,
+            held,
+            window: WindowHolders::with_capacity(walked_blocks),
+            matches: Matches::new(replicas.len()),
+            members_here: vec![0; replicas.len()],
+            touched: Vec::new(),
+            usable: vec![false; if recall.is_some() { replicas.len() } else { 0 }],
+            price_from: Vec::new(),
+            recall,
+        }
+    }
+
+    /// With memory (the models are read; this window's touches wait for `Memory::settle`).
+    pub(super) fn remembers(&self) -> bool {
+        self.recall.is_some()
+    }
+
+    /// The final load per replica.
+    pub(super) fn into_loads(self) -> Vec<u64> {
+        self.load
+    }
+
+    pub(super) fn place(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
+        if self.recall.is_some() {
+            self.matches.walk(
+                &self.window,
+                self.recall.as_mut(),
+                unit.blocks,
+                unit.shared(),
+            );
+            self.matches
+                .keep_as_held_list(&unit.members, &mut plan.held);
+        } else {
+            self.held.start_unit(unit.blocks);
+        }
+        let k = self.k;
+        let members = &unit.members;
+        let mut next = 0;
+        let (mut target, mut reason) = self.first_replica(unit);
+        // Fill one replica up to k, then spill to the next least-loaded replica under k.
+        loop {
+            let take = k.min(members.len() - next);
+            self.put(unit, &members[next..next + take], target, reason, plan);
+            next += take;
+            if next == members.len() {
+                break;
+            }
+            reason = PlacementReason::LeastLoaded;
+            match self.least_loaded() {
+                Some(replica) => target = replica,
+                None => break,
+            }
+        }
+        // Members beyond k x replicas: one at a time on the least-loaded replica, all of them
+        // candidates again.
+        if next < members.len() {
+            self.restore_full();
+            self.overflowing = true;
+            for member in next..members.len() {
+                let replica = self.least_loaded().expect("at least one replica");
+                let one = &members[member..=member];
+                self.put(unit, one, replica, PlacementReason::LeastLoaded, plan);
+            }
+            self.overflowing = false;
+        }
+        self.restore_full();
+        if let Some(recall) = &mut self.recall {
+            // The unit is recorded where a member may stay (step 7 takes the others back).
+            for &member in members {
+                if let Some(replica) = plan.assignments[member] {
+                    if recall.may_use(member, replica) {
+                        self.usable[replica] = true;
+                    }
+                }
+            }
+            for &replica in &self.touched {
+                if std::mem::take(&mut self.usable[replica]) {
+                    recall.memory.touch(recall.slots[replica], unit.blocks);
+                }
+            }
+        }
+        // The window's own index needs only the blocks its other units walk: with memory, a
+        // unit's blocks past the prefix it shares with another unit go to the memory alone.
+        let recorded = match self.recall {
+            Some(_) => &unit.blocks[..unit.shared()],
+            None => unit.blocks,
+        };
+        for i in 0..self.touched.len() {
+            let replica = self.touched[i];
+            self.record(recorded, replica);
+            self.members_here[replica] = 0;
+        }
+        self.touched.clear();
+        self.matches.clear();
+    }
+
+    /// With memory, for a request outside every unit (entry `entry` of the batch): what the
+    /// replicas held of it, for its answer.
+    pub(super) fn keep_held_list_of(
+        &mut self,
+        blocks: &[BlockHash],
+        entry: usize,
+        held: &mut HeldPrefixes,
+    ) {
+        self.matches
+            .walk(&self.window, self.recall.as_mut(), blocks, 0);
+        self.matches.keep_as_held_list(&[entry], held);
+        self.matches.clear();
+    }
+
+    /// Records `blocks` as held by `replica` in this window; its leading matched blocks
+    /// already are.
+    fn record(&mut self, blocks: &[BlockHash], replica: usize) {
+        let from = self.matches.of(replica);
+        if self.recall.is_none() {
+            let key = self.key(replica);
+            self.held.record(from, replica as u32, key);
+        } else {
+            self.window
+                .record(blocks.get(from..).unwrap_or_default(), replica as u32);
+        }
+    }
+
+    /// The replica a unit starts on, and why: the longest held prefix (at least the
+    /// preference's blocks) among replicas under the fair share, else the least-loaded replica
+    /// (every replica is under k when a unit starts).
+    fn first_replica(&mut self, unit: &Unit<'_>) -> (usize, PlacementReason) {
+        let preferred = match &self.balance {
+            Balance::FairShare { max_share } if self.recall.is_none() => {
+                let max_share = *max_share;
+                let (load, order, by_order) = (&self.load, &self.order, &self.by_order);
+                self.prefer_from.and_then(|need| {
+                    self.held.longest_prefix_under_share(
+                        need,
+                        max_share,
+                        |replica| (load[replica], order[replica]),
+                        |rank| by_order[rank as usize] as usize,
+                    )
+                })
+            }
+            Balance::FairShare { max_share } => self.prefer_from.and_then(|need| {
+                let by_match = |&a: &usize, &b: &usize| {
+                    self.matches
+                        .of(a)
+                        .cmp(&self.matches.of(b))
+                        .then_with(|| self.key(b).cmp(&self.key(a)))
+                };
+                self.matches
+                    .matched()
+                    .iter()
+                    .copied()
+                    .filter(|&r| self.matches.of(r) >= need && self.load[r] < *max_share)
+                    .max_by(by_match)
+            }),
+            Balance::EarliestFinish => self.earliest_finish(unit),
+        };
+        match preferred {
+            Some(best) => {
+                let need = self.prefer_from.unwrap_or(1);
+                // From memory when this window's placements alone would not have preferred it.
+                let reason = if self.recall.is_some() && !self.window.holds(unit.blocks, best, need)
+                {
+                    PlacementReason::Memory
+                } else {
+                    PlacementReason::Window
+                };
+                (best, reason)
+            }
+            None => {
+                let replica = self.least_loaded().expect("at least one replica");
+                (replica, PlacementReason::LeastLoaded)
+            }
+        }
+    }
+
+    /// Places `members` (of one unit) on `replica`.
+    fn put(
+        &mut self,
+        unit: &Unit<'_>,
+        members: &[usize],
+        replica: usize,
+        reason: PlacementReason,
+        plan: &mut Plan,
+    ) {
+        let indexed = self.under_k.remove(&self.key(replica));
+        if self.members_here[replica] == 0 {
+            self.touched.push(replica);
+            if self.recall.is_none() {
+                // Not walked: look up only what this replica holds.
+                self.matches.set(replica, self.held.held_prefix(replica));
+            }
+            if self.params.balance_by == BalanceBy::Tokens {
+                // A prefix already held on this replica is not prefilled again.
+                let prefill = (unit.blocks.len() - self.matches.of(replica)) as u64;
+                self.load[replica] += prefill;
+                self.total_load += prefill;
+            }
+        }
+        if self.params.balance_by == BalanceBy::Requests {
+            self.load[replica] += members.len() as u64;
+            self.total_load += members.len() as u64;
+        }
+        self.members_here[replica] += members.len();
+        for &member in members {
+            plan.assignments[member] = Some(replica);
+            plan.reasons[member] = Some(reason);
+        }
+        if indexed {
+            if self.overflowing || self.members_here[replica] < self.k {
+                self.under_k.insert(self.key(replica));
+            } else {
+                self.full.push(replica);
+            }
+        }
+    }
+
+    /// Puts the replicas that reached k in this unit back among the candidates.
+    fn restore_full(&mut self) {
+        for i in 0..self.full.len() {
+            let replica = self.full[i];
+            self.under_k.insert(self.key(replica));
+        }
+        self.full.clear();
+    }
+
+    /// Step 6's order: lower window load, then fewer running requests, then the lower id.
+    fn key(&self, replica: usize) -> (u64, u32) {
+        (self.load[replica], self.order[replica])
+    }
+
+    /// The least-loaded replica under k for the current unit.
+    fn least_loaded(&self) -> Option<usize> {
+        self.under_k
+            .first()
+            .map(|&(_, rank)| self.by_order[rank as usize] as usize)
+    }
+
+    /// The replica holding a prefix (at least the preference's blocks) where the unit's first
+    /// member finishes first, if it beats the least-loaded replica (`earliest_finish`, with the
+    /// window's units as the users of each block).
+    fn earliest_finish(&mut self, unit: &Unit<'_>) -> Option<usize> {
+        // One buffer for every unit's prices: allocating one per unit showed in the profile.
+        let mut price_from = std::mem::take(&mut self.price_from);
+        let need = self.prefer_from.unwrap_or(1);
+        let held = |r: usize| Some(self.matches.of(r)).filter(|&m| m >= need).unwrap_or(0);
+        let candidate = |r: usize| Candidate {
+            replica: r,
+            held: held(r),
+            load: self.load[r] as f64,
+            key: self.key(r),
+        };
+        let coldest = self.least_loaded().expect("at least one replica");
+        let best = earliest_finish(
+            unit.blocks.len(),
+            self.matches.matched().iter().map(|&r| candidate(r)),
+            candidate(coldest),
+            |depth| unit.shared_by(depth),
+            (self.total_load as f64, self.load.len()),
+            &mut price_from,
+        );
+        self.price_from = price_from;
+        best
+    }
+}
