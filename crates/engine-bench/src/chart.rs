@@ -199,6 +199,7 @@ mod tests {
             wall_ms: 1.0,
             placements: Vec::new(),
             memory_in_use: None,
+            baseline_of: None,
         };
         let report = Report {
             setup: Setup {
@@ -212,6 +213,8 @@ mod tests {
                 model: "tiny".into(),
                 prompts: "text".into(),
                 direct_fraction: 0.0,
+                upstream: String::new(),
+                answers: String::new(),
             },
             workloads: vec![WorkloadReport {
                 workload: "grpo".into(),

@@ -17,7 +17,7 @@ fn policy(route: &Route, replicas: usize, step_ms: u64) -> Option<Box<dyn Policy
     Some(match &route.kind {
         RouteKind::Direct(Direct::RoundRobin) => Box::new(RoundRobin::new(replicas)),
         RouteKind::Direct(Direct::LeastLoaded) => Box::new(LeastLoaded::new(replicas)),
-        RouteKind::Proxy { .. } => {
+        RouteKind::Proxy { .. } | RouteKind::ProduceThenDirect { .. } => {
             let config = route.planner()?;
             if config.placement() == burst_prefix_api::Placement::OnArrival {
                 return None;
@@ -93,6 +93,7 @@ mod tests {
             wall_ms: 1_000.0,
             placements: Vec::new(),
             memory_in_use: None,
+            baseline_of: None,
         }
     }
 

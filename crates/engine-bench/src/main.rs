@@ -20,6 +20,7 @@ use burst_prefix_engine_bench::run::{client, run, RunOptions};
 use burst_prefix_engine_bench::second_path::parse_fraction;
 use burst_prefix_engine_bench::workloads::{bench_workloads, fold_into_vocabulary};
 use burst_prefix_engine_bench::{chart, check};
+use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_simulator::simulate::Slots;
 use clap::{Parser, ValueEnum};
 
@@ -120,6 +121,18 @@ struct Args {
     /// path. Chosen by a hash of the seed, the step and the request, the same on every route.
     #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     direct_fraction: f64,
+    /// The proxy routes' idle connections kept open to each replica (the producer's
+    /// `--upstream-max-idle`; default: its default).
+    #[arg(long, default_value_t = ProxyConfig::default().max_idle_per_upstream)]
+    upstream_max_idle: usize,
+    /// The proxy routes' idle timeout of a connection to a replica, in milliseconds (the
+    /// producer's `--upstream-idle-timeout-ms`; default: its default).
+    #[arg(long, default_value_t = ProxyConfig::default().idle_timeout.as_millis() as u64)]
+    upstream_idle_timeout_ms: u64,
+    /// Whether requests ask for a streamed answer (SSE, usage in its last events) or a whole
+    /// one (`--stream false`: TTFT is then the time to the whole answer).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    stream: bool,
     /// The whole bench stops after this many seconds.
     #[arg(long, default_value_t = 7200)]
     time_limit_s: u64,
@@ -267,6 +280,15 @@ async fn bench_on(
                 "token IDs (completions)".into()
             },
             direct_fraction: args.direct_fraction,
+            upstream: format!(
+                "at most {} idle per replica, each closed after {} ms idle",
+                args.upstream_max_idle, args.upstream_idle_timeout_ms
+            ),
+            answers: if args.stream {
+                "streamed (SSE)".into()
+            } else {
+                "whole (no streaming; TTFT is the time to the whole answer)".into()
+            },
         },
         workloads: Vec::new(),
     };
@@ -410,6 +432,12 @@ async fn run_route(
         peers_python: args.peers_python.clone(),
         direct_fraction: args.direct_fraction,
         seed,
+        proxy: ProxyConfig {
+            max_idle_per_upstream: args.upstream_max_idle,
+            idle_timeout: Duration::from_millis(args.upstream_idle_timeout_ms),
+            ..ProxyConfig::default()
+        },
+        stream: args.stream,
     };
     let record = match kept {
         Some(kept) => {
@@ -460,7 +488,10 @@ async fn run_route(
             lengths[i]
         );
     }
-    let figures = RouteFigures::new(&record, matches!(route.kind, RouteKind::Proxy { .. }));
+    let mut figures = RouteFigures::new(&record, matches!(route.kind, RouteKind::Proxy { .. }));
+    if let RouteKind::ProduceThenDirect { of, .. } = &route.kind {
+        figures.baseline_of = Some(of.clone());
+    }
     eprintln!(
         "seed {seed} {workload} / {}: {} computed tokens (answers {}), busiest {}, TTFT p50 \
          {:.0} ms, {:.1} s",

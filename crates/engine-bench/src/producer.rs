@@ -21,6 +21,15 @@ impl Proxy {
     /// Starts the proxy with `planner_yaml` (the planner config of docs/behaviour.md §2, without endpoints)
     /// and one endpoint per address, named by [`endpoint_id`] after its index.
     pub async fn start(planner_yaml: &str, endpoints: &[SocketAddr]) -> anyhow::Result<Proxy> {
+        Self::start_with(planner_yaml, endpoints, ProxyConfig::default()).await
+    }
+
+    /// The same, its client to the replicas configured as `config` says.
+    pub async fn start_with(
+        planner_yaml: &str,
+        endpoints: &[SocketAddr],
+        config: ProxyConfig,
+    ) -> anyhow::Result<Proxy> {
         let mut yaml = planner_yaml.trim_end().to_string();
         yaml.push_str("\nendpoints:\n");
         for (index, addr) in endpoints.iter().enumerate() {
@@ -31,7 +40,7 @@ impl Proxy {
         }
         let producer = Producer::with_config(&yaml, Limits::default())
             .map_err(|e| anyhow!("the proxy's config is refused: {e}\n{yaml}"))?;
-        let service = Service::on_loopback(producer, ProxyConfig::default())
+        let service = Service::on_loopback(producer, config)
             .await
             .map_err(|e| anyhow!("the proxy does not start: {e}"))?;
         Ok(Proxy { service })

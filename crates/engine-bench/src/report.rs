@@ -45,6 +45,10 @@ pub struct RouteFigures {
     /// Per step, the requests each replica finished: where the route put them.
     pub placements: Vec<Vec<u64>>,
     pub memory_in_use: Option<bool>,
+    /// A produce-then-direct route: the proxy route whose placements it sends straight, whose
+    /// wall time is compared to its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_of: Option<String>,
 }
 
 impl RouteFigures {
@@ -67,6 +71,7 @@ impl RouteFigures {
                 .map(|step| step.iter().map(|r| r.requests).collect())
                 .collect(),
             memory_in_use: run.memory_in_use,
+            baseline_of: None,
         }
     }
 
@@ -144,6 +149,10 @@ pub struct Setup {
     /// The share of each step's requests sent straight to a replica instead of through the
     /// route (`--direct-fraction`, [`crate::second_path`]).
     pub direct_fraction: f64,
+    /// How the proxy's producer talks to the replicas, in words (its pool of connections).
+    pub upstream: String,
+    /// Streamed or whole answers, in words.
+    pub answers: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -182,6 +191,19 @@ impl WorkloadReport {
             .map_or(f64::NAN, |rr| ratio(pick(r), pick(rr)))
     }
 
+    /// For each produce-then-direct route that ran with its proxy route: the proxy route, the
+    /// baseline, and the proxy's wall time over the baseline's.
+    pub fn proxy_by_direct_wall(&self) -> Vec<(&RouteFigures, &RouteFigures, f64)> {
+        self.routes
+            .iter()
+            .filter_map(|baseline| {
+                let of = baseline.baseline_of.as_deref()?;
+                let proxy = self.routes.iter().find(|r| r.route == of)?;
+                Some((proxy, baseline, ratio(proxy.wall_ms, baseline.wall_ms)))
+            })
+            .collect()
+    }
+
     /// For each of our routes, the routes that dominate it (fewer computed tokens and a lower
     /// busiest-replica sum).
     pub fn dominating(&self) -> Vec<(&RouteFigures, Vec<&RouteFigures>)> {
@@ -194,6 +216,20 @@ impl WorkloadReport {
             })
             .collect()
     }
+}
+
+/// The (proxy, produce-then-direct) route pairs that ran on some of `runs`, in order.
+fn wall_pairs(runs: &[&WorkloadReport]) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for w in runs {
+        for (proxy, baseline, _) in w.proxy_by_direct_wall() {
+            let pair = (proxy.route.clone(), baseline.route.clone());
+            if !pairs.contains(&pair) {
+                pairs.push(pair);
+            }
+        }
+    }
+    pairs
 }
 
 /// `lo-hi` of `values` (one value when they agree to the shown precision).
@@ -257,8 +293,17 @@ impl Report {
              (x bound). *Busiest* is Σ over steps of the busiest replica's computed tokens: the \
              step time of a cluster whose replicas each have their own accelerator (its bound: \
              each step's bound spread evenly). Wall time is shared-core time: all replicas ran \
-             on the same 2 cores, so it measures total work, not a cluster's step time.",
-            s.replicas, s.engine, s.engine_settings, s.model, s.prompts, s.max_tokens, s.seeds
+             on the same 2 cores, so it measures total work, not a cluster's step time. \
+             The proxy's connections to the replicas: {}. Answers: {}.",
+            s.replicas,
+            s.engine,
+            s.engine_settings,
+            s.model,
+            s.prompts,
+            s.max_tokens,
+            s.seeds,
+            s.upstream,
+            s.answers
         );
         let _ = writeln!(
             out,
@@ -320,6 +365,29 @@ impl Report {
                 );
             }
             out.push('\n');
+            for (proxy, baseline) in wall_pairs(&runs) {
+                let per_seed: Vec<String> = runs
+                    .iter()
+                    .filter_map(|w| {
+                        let (p, b, ratio) = w
+                            .proxy_by_direct_wall()
+                            .into_iter()
+                            .find(|(p, b, _)| p.route == proxy && b.route == baseline)?;
+                        Some(format!(
+                            "{ratio:.2} ({:.2} s / {:.2} s, seed {})",
+                            p.wall_ms / 1e3,
+                            b.wall_ms / 1e3,
+                            w.seed
+                        ))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "- wall time through {proxy} x {baseline} (the producer's placements sent \
+                     straight): {}",
+                    per_seed.join(", ")
+                );
+            }
             for w in &runs {
                 for (ours, others) in w.dominating() {
                     let names: Vec<&str> = others.iter().map(|r| r.route.as_str()).collect();
@@ -422,6 +490,7 @@ mod tests {
             wall_ms: 1_000.0,
             placements: vec![vec![1, 1]],
             memory_in_use: None,
+            baseline_of: None,
         }
     }
 
@@ -447,6 +516,11 @@ mod tests {
                 figures(ROUND_ROBIN, 300, 150, 200.0),
                 figures("proxy", proxy_computed, 100, 100.0),
                 figures("peer", 150, 90, 100.0),
+                RouteFigures {
+                    wall_ms: 800.0,
+                    baseline_of: Some("proxy".into()),
+                    ..figures("produce + direct", proxy_computed, 100, 100.0)
+                },
             ],
             skipped: vec![("session".into(), "no conversations".into())],
             simulator: Vec::new(),
@@ -463,6 +537,8 @@ mod tests {
                 model: "tiny".into(),
                 prompts: "text".into(),
                 direct_fraction: 0.25,
+                upstream: "at most 2 idle per replica".into(),
+                answers: "streamed".into(),
             },
             workloads: vec![workload(1, 175), workload(2, 125)],
         };
@@ -489,5 +565,12 @@ mod tests {
             "{markdown}"
         );
         assert!(markdown.contains("- seed 1: session not run: no conversations"));
+        assert!(
+            markdown.contains(
+                "- wall time through proxy x produce + direct (the producer's placements sent \
+                 straight): 1.25 (1.00 s / 0.80 s, seed 1), 1.25 (1.00 s / 0.80 s, seed 2)"
+            ),
+            "{markdown}"
+        );
     }
 }

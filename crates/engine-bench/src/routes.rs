@@ -1,5 +1,6 @@
 //! The routes a workload is sent through, as data (bench/engine/routes.yaml): a list of named
-//! routes, each straight to the replicas, through burst-prefix's proxy with a planner config, or
+//! routes, each straight to the replicas, through burst-prefix's proxy with a planner config,
+//! placed by the producer's `/v1/produce` and sent straight (a proxy route's baseline), or
 //! through a peer router with its arguments. A new proxy setting is one entry.
 
 use anyhow::{anyhow, bail, Context};
@@ -30,6 +31,13 @@ pub enum RouteKind {
     Proxy {
         planner_yaml: String,
     },
+    /// Placed by the producer with the planner config of the proxy route `of` (each request asks
+    /// `POST /v1/produce`), then sent by the bench straight to its replica: the proxy's
+    /// placements without the proxy in the path, the baseline of that route's wall time.
+    ProduceThenDirect {
+        of: String,
+        planner_yaml: String,
+    },
     /// A peer router with these arguments (the bench adds host, ports and workers).
     Peer {
         peer: Peer,
@@ -57,6 +65,7 @@ struct Entry {
     name: String,
     direct: Option<Direct>,
     proxy: Option<String>,
+    produce_then_direct: Option<String>,
     sglang_router: Option<Vec<String>>,
     vllm_router: Option<Vec<String>>,
     session_header: Option<String>,
@@ -116,9 +125,11 @@ impl Route {
             .join("-")
     }
 
-    /// The proxy's planner config, for a proxy route.
+    /// The producer's planner config, for a proxy or produce-then-direct route.
     pub fn planner(&self) -> Option<PlannerConfig> {
-        let RouteKind::Proxy { planner_yaml } = &self.kind else {
+        let (RouteKind::Proxy { planner_yaml } | RouteKind::ProduceThenDirect { planner_yaml, .. }) =
+            &self.kind
+        else {
             return None;
         };
         let yaml = format!("{}\nendpoints: []\n", planner_yaml.trim_end());
@@ -174,6 +185,15 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
                 .map_err(|e| anyhow!("route {name:?}: the proxy's config is refused: {e}"))?;
             kinds.push(RouteKind::Proxy { planner_yaml });
         }
+        if let Some(of) = entry.produce_then_direct {
+            let planner_yaml = match routes.iter().find(|r| r.name == of).map(|r| &r.kind) {
+                Some(RouteKind::Proxy { planner_yaml }) => planner_yaml.clone(),
+                _ => bail!(
+                    "route {name:?}: produceThenDirect names {of:?}, not a proxy route above it"
+                ),
+            };
+            kinds.push(RouteKind::ProduceThenDirect { of, planner_yaml });
+        }
         if let Some(args) = entry.sglang_router {
             kinds.push(RouteKind::Peer {
                 peer: Peer::SglangRouter,
@@ -189,8 +209,8 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
         let kind = match <[RouteKind; 1]>::try_from(kinds) {
             Ok([kind]) => kind,
             Err(kinds) => bail!(
-                "route {name:?}: needs exactly one of direct, proxy, sglangRouter, vllmRouter \
-                 ({} given)",
+                "route {name:?}: needs exactly one of direct, proxy, produceThenDirect, \
+                 sglangRouter, vllmRouter ({} given)",
                 kinds.len()
             ),
         };
@@ -266,6 +286,15 @@ mod tests {
             .expect("the zero-wait route");
         assert_eq!(zero_wait.window_duration_ms, Some(0));
         assert!(!routes[0].hears_kv_events());
+        // The proxy's main route has its placements sent straight as a baseline.
+        let baseline = routes
+            .iter()
+            .find(|r| r.name == "produce + direct, memory on")
+            .expect("the baseline of proxy, memory on");
+        let RouteKind::ProduceThenDirect { of, .. } = &baseline.kind else {
+            panic!("{baseline:?}");
+        };
+        assert_eq!(of, "proxy, memory on");
     }
 
     #[test]
@@ -301,6 +330,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("\"nope\""), "{error}");
+    }
+
+    #[test]
+    fn produce_then_direct_takes_its_proxy_routes_config() {
+        let text = "- {name: rr, direct: round-robin}\n\
+                    - {name: p, proxy: 'windowDurationMs: 7'}\n\
+                    - {name: p + direct, produceThenDirect: p}";
+        let routes = parse(text, &placeholders()).unwrap();
+        assert_eq!(
+            routes[2].kind,
+            RouteKind::ProduceThenDirect {
+                of: "p".into(),
+                planner_yaml: "windowDurationMs: 7".into()
+            }
+        );
+        assert_eq!(routes[2].planner().unwrap().window_duration_ms, Some(7));
+        for bad in ["rr", "nowhere"] {
+            let text = format!(
+                "- {{name: rr, direct: round-robin}}\n- {{name: d, produceThenDirect: {bad}}}"
+            );
+            let error = parse(&text, &placeholders()).unwrap_err().to_string();
+            assert!(error.contains("not a proxy route"), "{error}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -21,6 +21,7 @@ use crate::prompts::{text, Prompt, Request};
 use crate::routes::{Direct, Route, RouteKind};
 use crate::second_path::sent_direct;
 use crate::usage::{self, EngineUsage};
+use burst_prefix_producer::proxy::ProxyConfig;
 
 /// The knobs of a run that are not the engine's.
 #[derive(Clone, Debug)]
@@ -38,6 +39,10 @@ pub struct RunOptions {
     /// ([`crate::second_path`]), and the workload's seed that chooses them.
     pub direct_fraction: f64,
     pub seed: u64,
+    /// How the proxy routes' producer talks to the replicas.
+    pub proxy: ProxyConfig,
+    /// Answers streamed (SSE), or whole.
+    pub stream: bool,
 }
 
 /// One request's outcome.
@@ -55,7 +60,8 @@ pub struct RequestRecord {
     /// From the step's start to sending the request (the step's requests are sent at once;
     /// this is how long their tasks took to start on these shared cores).
     pub sent_ms: f64,
-    /// From sending the request to its first streamed byte.
+    /// From sending the request to its first byte (of a streamed answer; of a whole answer,
+    /// its last).
     pub ttft_ms: f64,
     pub latency_ms: f64,
 }
@@ -112,13 +118,15 @@ impl RunRecord {
     }
 }
 
-/// An HTTP client of its own for each run: a pooled connection to an earlier run's replica
-/// must never be reused on a new replica that got the same port.
+/// An HTTP client of its own for each run, one connection per request: a pooled connection to
+/// an earlier run's replica must never be reused on a new replica that got the same port, and
+/// on llama-server each idle connection kept would hold one of its HTTP threads (issue 40), so
+/// the requests sent straight would wait behind the bench's own pool.
 pub fn client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .no_proxy()
         .tcp_nodelay(true)
-        .pool_max_idle_per_host(256)
+        .pool_max_idle_per_host(0)
         .build()
 }
 
@@ -126,6 +134,8 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
 enum Front {
     Direct(Direct),
     Proxy(Proxy),
+    /// The producer places each request (`/v1/produce`); the bench sends it.
+    Produce(Proxy, Placer),
     Peer(PeerRouter),
 }
 
@@ -148,7 +158,7 @@ impl Front {
                 if let Some(bind) = &bind {
                     until_free(bind).await?;
                 }
-                let proxy = Proxy::start(planner_yaml, &addrs).await?;
+                let proxy = Proxy::start_with(planner_yaml, &addrs, options.proxy).await?;
                 if route.hears_kv_events() {
                     if let Err(error) = hear_every_replica(&proxy, replicas, client).await {
                         proxy.shutdown().await;
@@ -156,6 +166,15 @@ impl Front {
                     }
                 }
                 Front::Proxy(proxy)
+            }
+            RouteKind::ProduceThenDirect { planner_yaml, .. } => {
+                let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
+                let proxy = Proxy::start_with(planner_yaml, &addrs, options.proxy).await?;
+                let placer = Placer {
+                    produce_url: format!("{}/v1/produce?matches=none", proxy.url()),
+                    in_flight: Arc::new(Mutex::new(vec![0; replicas.len()])),
+                };
+                Front::Produce(proxy, placer)
             }
             RouteKind::Peer { peer, args } => {
                 let python = options
@@ -172,7 +191,7 @@ impl Front {
     async fn stop(self, route: &Route, log_dir: &Path, client: &reqwest::Client) -> Option<bool> {
         match self {
             Front::Direct(_) => None,
-            Front::Proxy(proxy) => {
+            Front::Proxy(proxy) | Front::Produce(proxy, _) => {
                 let metrics = proxy.metrics();
                 let _ = std::fs::write(log_dir.join(format!("{}.metrics", route.slug())), &metrics);
                 proxy.shutdown().await;
@@ -246,7 +265,7 @@ async fn run_steps(
         let direct = sent_direct(options.direct_fraction, options.seed, index, step.len());
         let chooser = match front {
             Front::Direct(direct) => Some(*direct),
-            Front::Proxy(_) | Front::Peer(_) => None,
+            Front::Proxy(_) | Front::Produce(..) | Front::Peer(_) => None,
         };
         let targets = targets(
             chooser,
@@ -257,9 +276,13 @@ async fn run_steps(
             &mut second_path,
         );
         let front_url = match front {
-            Front::Direct(_) => None,
+            Front::Direct(_) | Front::Produce(..) => None,
             Front::Proxy(proxy) => Some(proxy.url()),
             Front::Peer(router) => Some(router.url()),
+        };
+        let placer = match front {
+            Front::Produce(_, placer) => Some(placer.clone()),
+            _ => None,
         };
         let before = if counted {
             let mut before = Vec::with_capacity(replicas.len());
@@ -276,18 +299,19 @@ async fn run_steps(
             .zip(targets)
             .zip(direct)
             .map(|((request, target), direct)| {
-                let url = match target {
-                    Some(r) => urls[r].clone(),
-                    None => front_url.clone().expect("a front for an indirect route"),
-                };
+                let urls = urls.clone();
+                let front_url = front_url.clone();
+                let placer = placer.clone();
                 let mut body = json!({
                     "model": MODEL_NAME,
                     "max_tokens": options.max_tokens,
                     "temperature": 0.0,
                     "ignore_eos": true,
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
+                    "stream": options.stream,
                 });
+                if options.stream {
+                    body["stream_options"] = json!({"include_usage": true});
+                }
                 merge(&mut body, request.prompt.fields());
                 if matches!(engine, Engine::LlamaCpp(_)) {
                     body["cache_prompt"] = json!(true);
@@ -299,7 +323,21 @@ async fn run_steps(
                 let path = request.prompt.path();
                 let client = client.clone();
                 let timeout = options.request_timeout;
+                let stream = options.stream;
                 tokio::spawn(async move {
+                    // Sent from here on: asking the producer is part of the request's time.
+                    let sent_at = Instant::now();
+                    let (target, _counted) = match (target, &placer) {
+                        (None, Some(placer)) => {
+                            let (replica, counted) = placer.place(&client, path, &body).await?;
+                            (Some(replica), Some(counted))
+                        }
+                        _ => (target, None),
+                    };
+                    let url = match target {
+                        Some(r) => urls[r].clone(),
+                        None => front_url.expect("a front for an indirect route"),
+                    };
                     let sent = Sent {
                         url: &url,
                         path,
@@ -308,7 +346,9 @@ async fn run_steps(
                         direct,
                         step: index,
                         step_started: started,
+                        sent_at,
                         timeout,
+                        stream,
                     };
                     send(&client, sent, body).await
                 })
@@ -512,6 +552,78 @@ fn least_loaded(lengths: &[u64], replicas: usize) -> Vec<usize> {
         .collect()
 }
 
+/// A produce-then-direct route's placer: the producer's `/v1/produce` chooses the replica, and
+/// the bench sends the request there itself.
+#[derive(Clone)]
+struct Placer {
+    /// `POST` here: `/v1/produce?matches=none` of the producer.
+    produce_url: String,
+    /// Requests the bench has in flight per replica: for those the producer gives no
+    /// affinity, sent to the fewest in flight (ties: the lower index), the proxy's own rule
+    /// (docs/behaviour.md §8).
+    in_flight: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Placer {
+    /// The replica the producer places `body` on, counted in flight until the guard drops.
+    async fn place(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<(usize, InFlight)> {
+        let url = &self.produce_url;
+        let response = client
+            .post(url.as_str())
+            .json(body)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .with_context(|| format!("POST {url} (for {path})"))?;
+        let status = response.status();
+        let answer: serde_json::Value = response
+            .json()
+            .await
+            .with_context(|| format!("the answer of {url}"))?;
+        if !status.is_success() {
+            bail!("{url} answered {status}: {answer}");
+        }
+        let assigned = match answer["assignedEndpoint"].as_str() {
+            Some(id) => Some(
+                replica_of_endpoint(id)
+                    .ok_or_else(|| anyhow!("{url} assigned an unknown endpoint {id:?}"))?,
+            ),
+            None => None,
+        };
+        let mut in_flight = self.in_flight.lock().expect("never poisoned");
+        let replica = assigned.unwrap_or_else(|| {
+            (0..in_flight.len())
+                .min_by_key(|&r| (in_flight[r], r))
+                .expect("at least one replica")
+        });
+        in_flight[replica] += 1;
+        Ok((
+            replica,
+            InFlight {
+                counts: self.in_flight.clone(),
+                replica,
+            },
+        ))
+    }
+}
+
+/// One request the bench has in flight on a replica.
+struct InFlight {
+    counts: Arc<Mutex<Vec<u64>>>,
+    replica: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.counts.lock().expect("never poisoned")[self.replica] -= 1;
+    }
+}
+
 /// Where and how one request is sent.
 struct Sent<'a> {
     url: &'a str,
@@ -525,7 +637,11 @@ struct Sent<'a> {
     step: usize,
     /// When the step started.
     step_started: Instant,
+    /// When the request left (before asking the producer, for produce-then-direct).
+    sent_at: Instant,
     timeout: Duration,
+    /// Whether the answer is an SSE stream.
+    stream: bool,
 }
 
 async fn send(
@@ -541,9 +657,10 @@ async fn send(
         direct,
         step,
         step_started,
+        sent_at: started,
         timeout,
+        stream,
     } = sent;
-    let started = Instant::now();
     let sent_ms = started.duration_since(step_started).as_secs_f64() * 1e3;
     let mut request = client
         .post(format!("{url}{path}"))
@@ -579,7 +696,11 @@ async fn send(
             String::from_utf8_lossy(&text)
         );
     }
-    let usage: Option<EngineUsage> = usage::from_sse(&text).ok();
+    let usage: Option<EngineUsage> = match stream {
+        true => usage::from_sse(&text),
+        false => usage::from_completion(&text),
+    }
+    .ok();
     Ok(RequestRecord {
         step,
         replica: replica.or(endpoint),

@@ -75,6 +75,10 @@ struct Options {
     /// Isolated bursts (6 prompts x 8 samples at once, hinted) sent one after the other.
     #[arg(long, default_value_t = 100)]
     bursts: usize,
+    /// The producer proxies' idle connections kept open to each stub (`--upstream-max-idle`;
+    /// default: the producer's default).
+    #[arg(long, default_value_t = ProxyConfig::default().max_idle_per_upstream)]
+    upstream_max_idle: usize,
     #[command(flatten)]
     cargo: CargoBench,
 }
@@ -236,7 +240,7 @@ async fn start_noop_proxy(upstreams: Vec<String>) -> String {
     format!("http://{addr}")
 }
 
-async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
+async fn start_proxy(stubs: &[StubEngine], window_ms: u64, max_idle: usize) -> Service {
     let mut yaml = format!("windowDurationMs: {window_ms}\nmaxBatchSize: -1\nendpoints:\n");
     for (i, stub) in stubs.iter().enumerate() {
         yaml.push_str(&format!(
@@ -245,9 +249,11 @@ async fn start_proxy(stubs: &[StubEngine], window_ms: u64) -> Service {
         ));
     }
     let producer = Producer::with_config(&yaml, Limits::default()).unwrap();
-    Service::on_loopback(producer, ProxyConfig::default())
-        .await
-        .unwrap()
+    let proxy = ProxyConfig {
+        max_idle_per_upstream: max_idle,
+        ..ProxyConfig::default()
+    };
+    Service::on_loopback(producer, proxy).await.unwrap()
 }
 
 fn main() {
@@ -268,20 +274,24 @@ fn main() {
             hints: false,
         };
         let noop = Target::one(start_noop_proxy(stubs.iter().map(StubEngine::url).collect()).await, false);
-        let hinted_proxy = start_proxy(&stubs, options.window_ms).await;
+        let hinted_proxy = start_proxy(&stubs, options.window_ms, options.upstream_max_idle).await;
         let hinted = Target::one(
             format!("http://{}", hinted_proxy.addr(Role::Api).unwrap()),
             true,
         );
-        let fast_proxy = start_proxy(&stubs, 1).await;
+        let fast_proxy = start_proxy(&stubs, 1, options.upstream_max_idle).await;
         let fast = Target::one(format!("http://{}", fast_proxy.addr(Role::Api).unwrap()), false);
         // Zero-wait mode: the default config (memory on) with windowDurationMs 0.
-        let zero_wait_proxy = start_proxy(&stubs, 0).await;
+        let zero_wait_proxy = start_proxy(&stubs, 0, options.upstream_max_idle).await;
         let zero_wait =
             Target::one(format!("http://{}", zero_wait_proxy.addr(Role::Api).unwrap()), false);
         const ZERO_WAIT: &str = "producer proxy, zero-wait (window 0), no hints";
         let client = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().unwrap();
 
+        println!(
+            "The producer proxies keep at most {} idle connections open to each stub.\n",
+            options.upstream_max_idle
+        );
         let plain = bodies(options.prompt_kib, false);
         let streaming = bodies(options.prompt_kib, true);
         println!(

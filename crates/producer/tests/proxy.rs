@@ -4,11 +4,16 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use burst_prefix_producer::proxy::ProxyConfig;
 use burst_prefix_stub_engine::{Options, RecordedRequest, StubEngine, ENGINE_ID_HEADER};
 use common::{dead_address, sample, Local, PATIENCE};
 use futures::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
 
 /// `n` stub engines `e0..`, and the producer config that names them `ns/e{i}`.
@@ -395,4 +400,119 @@ async fn models_are_forwarded_to_a_replica() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["object"], "list");
     assert_eq!(body["data"][0]["id"], "stub-model");
+}
+
+/// An upstream that counts the connections open to it, as a thread-per-connection server
+/// (llama-server's cpp-httplib) feels them: each holds one of its threads until the client
+/// closes it. Every completion waits until `burst` of them are in flight at once, so a client
+/// must open `burst` connections to it.
+struct CountingUpstream {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingUpstream {
+    async fn start(burst: usize) -> CountingUpstream {
+        let barrier = Arc::new(tokio::sync::Barrier::new(burst));
+        let router = axum::Router::new().route(
+            "/v1/completions",
+            axum::routing::post(move || {
+                let barrier = barrier.clone();
+                async move {
+                    barrier.wait().await;
+                    axum::Json(json!({"object": "text_completion", "choices": []}))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (accepted_, open_) = (accepted.clone(), open.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                accepted_.fetch_add(1, Ordering::SeqCst);
+                open_.fetch_add(1, Ordering::SeqCst);
+                let (open, router) = (open_.clone(), router.clone());
+                tokio::spawn(async move {
+                    // Served until the client closes it: no server-side idle timeout.
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
+                        .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        CountingUpstream {
+            addr,
+            accepted,
+            open,
+            task,
+        }
+    }
+}
+
+impl Drop for CountingUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Issue 40: after a burst, the proxy keeps at most `max_idle_per_upstream` connections open to
+/// a replica (counted on the replica's side), not one per request of the burst: on
+/// llama-server each would keep one of its few HTTP threads from the requests behind it. The
+/// idle timeout is made long here, so only the bound can close them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_burst_the_proxy_keeps_at_most_the_bound_of_idle_connections_to_a_replica() {
+    const BURST: usize = 8;
+    let bound = ProxyConfig::default().max_idle_per_upstream;
+    assert!(bound < BURST, "the burst must open more than the bound");
+    let upstream = CountingUpstream::start(BURST).await;
+    let yaml = format!(
+        "windowDurationMs: 0\nendpoints:\n  - {{id: ns/a, address: '{}'}}\n",
+        upstream.addr
+    );
+    let proxy = ProxyConfig {
+        idle_timeout: Duration::from_secs(600),
+        ..ProxyConfig::default()
+    };
+    let local = Local::start_with_proxy(&yaml, proxy).await;
+    let sends: Vec<_> = (0..BURST)
+        .map(|i| {
+            let client = local.client.clone();
+            let url = format!("{}/v1/completions", local.base);
+            tokio::spawn(async move {
+                let response = client
+                    .post(url)
+                    .json(&completion(&format!("request {i}")))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+                response.bytes().await.unwrap();
+            })
+        })
+        .collect();
+    for send in sends {
+        send.await.unwrap();
+    }
+    // The burst was in flight at once: one connection each.
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), BURST);
+    let started = Instant::now();
+    loop {
+        let open = upstream.open.load(Ordering::SeqCst);
+        if open <= bound {
+            break;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{open} connections stay open to the replica after the burst, bound {bound}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

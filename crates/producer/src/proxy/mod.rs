@@ -27,7 +27,7 @@ use axum::Router;
 use burst_prefix_core::{KeepBody, Producer};
 pub use error::ProxyError;
 use upstream::{Outgoing, Upstreams};
-pub use upstream::{ProxyConfig, ENDPOINT_HEADER, WINDOW_HEADER};
+pub use upstream::{ProxyConfig, DEFAULT_MAX_IDLE_PER_UPSTREAM, ENDPOINT_HEADER, WINDOW_HEADER};
 
 pub fn router(producer: Producer, config: ProxyConfig) -> Router {
     let upstreams = Arc::new(Upstreams::new(producer, config));

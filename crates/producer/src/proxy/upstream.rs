@@ -29,6 +29,11 @@ pub const ENDPOINT_HEADER: &str = "x-burst-prefix-endpoint";
 /// Response header: the id of the window the request was planned in.
 pub const WINDOW_HEADER: &str = "x-burst-prefix-window";
 
+/// Default of [`ProxyConfig::max_idle_per_upstream`] (`--upstream-max-idle`): a connection per
+/// request, the only setting that kept llama-server within 1.1x of direct sends in every run
+/// measured (docs/behaviour.md §8).
+pub const DEFAULT_MAX_IDLE_PER_UPSTREAM: usize = 0;
+
 /// How the proxy talks to the replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProxyConfig {
@@ -48,6 +53,12 @@ pub struct ProxyConfig {
     /// cpp-httplib), so the proxy never sends on a connection the server is closing: such a
     /// request fails mid-flight and cannot be retried safely.
     pub idle_timeout: Duration,
+    /// Idle pooled connections kept open to each replica; one more is closed as soon as its
+    /// answer ends. A thread-per-connection server (llama-server's cpp-httplib) gives each open
+    /// connection one of its few threads until the client closes it or its keep-alive runs
+    /// out, so idle connections kept after a burst starve the requests behind them
+    /// (docs/behaviour.md §8).
+    pub max_idle_per_upstream: usize,
 }
 
 impl ProxyConfig {
@@ -69,6 +80,7 @@ impl Default for ProxyConfig {
             cooldown: Duration::from_secs(10),
             cooldown_after_5xx: 3,
             idle_timeout: Duration::from_secs(3),
+            max_idle_per_upstream: DEFAULT_MAX_IDLE_PER_UPSTREAM,
         }
     }
 }
@@ -121,6 +133,7 @@ impl Upstreams {
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.upstream_timeout)
             .pool_idle_timeout(config.idle_timeout)
+            .pool_max_idle_per_host(config.max_idle_per_upstream)
             .tcp_nodelay(true)
             // Straight to the pods, whatever HTTP_PROXY says.
             .no_proxy()

@@ -14,7 +14,7 @@ use clap::{ArgGroup, Args};
 
 use crate::config_sources::{configmap, ConfigSource};
 use crate::listen::ConnectionLimits;
-use crate::proxy::ProxyConfig;
+use crate::proxy::{ProxyConfig, DEFAULT_MAX_IDLE_PER_UPSTREAM};
 use crate::serve::Role;
 use crate::tls::{self, ServingCertificate};
 use burst_prefix_core::admit::{
@@ -269,6 +269,12 @@ pub struct ProxyArgs {
     #[arg(long, env = "BURST_PREFIX_UPSTREAM_IDLE_TIMEOUT_MS", default_value_t = 3000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub upstream_idle_timeout_ms: u64,
+    /// Idle connections kept open to each replica; beyond, a connection is closed as soon as
+    /// its answer ends. A thread-per-connection server such as llama-server (cpp-httplib) gives
+    /// each open connection a thread until it closes, so idle connections kept after a burst
+    /// hold the threads the next requests wait for. 0 opens a connection per request.
+    #[arg(long, env = "BURST_PREFIX_UPSTREAM_MAX_IDLE", default_value_t = DEFAULT_MAX_IDLE_PER_UPSTREAM)]
+    pub upstream_max_idle: usize,
 }
 
 impl ProxyArgs {
@@ -280,6 +286,7 @@ impl ProxyArgs {
             cooldown: Duration::from_millis(self.upstream_cooldown_ms),
             cooldown_after_5xx: self.upstream_cooldown_after,
             idle_timeout: Duration::from_millis(self.upstream_idle_timeout_ms),
+            max_idle_per_upstream: self.upstream_max_idle,
         }
     }
 }
@@ -397,6 +404,8 @@ mod tests {
                 assert_eq!(serve.drain_timeout_ms, DEFAULT_DRAIN_TIMEOUT_MS);
                 assert_eq!(serve.tls.epp_certificate(), None, "plaintext");
                 assert_eq!(serve.tls.tls_cert, None);
+                // The proxy flags' defaults are the library's (tests and benches use those).
+                assert_eq!(serve.proxy.config(), ProxyConfig::default());
             }
         }
     }

@@ -46,10 +46,17 @@ impl Local {
     }
 
     pub async fn start_with_limits(yaml: &str, limits: Limits) -> Local {
+        Self::start_with(yaml, limits, ProxyConfig::default()).await
+    }
+
+    /// With the proxy's client to the replicas configured as `proxy` says.
+    pub async fn start_with_proxy(yaml: &str, proxy: ProxyConfig) -> Local {
+        Self::start_with(yaml, Limits::default(), proxy).await
+    }
+
+    async fn start_with(yaml: &str, limits: Limits, proxy: ProxyConfig) -> Local {
         let producer = Producer::with_config(yaml, limits).expect("a valid test config");
-        let service = Service::on_loopback(producer, ProxyConfig::default())
-            .await
-            .unwrap();
+        let service = Service::on_loopback(producer, proxy).await.unwrap();
         Local {
             base: format!("http://{}", service.addr(Role::Api).unwrap()),
             admin: format!("http://{}", service.addr(Role::Admin).unwrap()),
