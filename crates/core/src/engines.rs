@@ -259,6 +259,7 @@ impl Engines {
             .entry(endpoint.to_string())
             .or_default()
             .observe(counters);
+        tracing::debug!(endpoint, ?counters, speed = ?self.speed(endpoint, Speed::default()), "engine speed");
         self.heard.fetch_add(1, Ordering::Relaxed);
     }
 
