@@ -100,6 +100,12 @@ impl Front {
                 let log = dir.join(format!("{}.log", route.slug()));
                 Front::Peer(PeerRouter::start(*peer, python, args, workers, log, client).await?)
             }
+            // The fleet's loads come from inference-perf, which sends to one URL.
+            RouteKind::ProduceThenDirect { .. } => anyhow::bail!(
+                "route {:?}: produceThenDirect is an engine-bench route; the fleet bench's \
+                 loads are sent to one URL",
+                route.name
+            ),
         })
     }
 
