@@ -15,6 +15,7 @@
 
 pub mod decode;
 pub mod endpoints;
+pub mod exposition;
 pub mod index;
 pub mod load;
 pub mod sequence;

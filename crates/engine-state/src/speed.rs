@@ -22,7 +22,7 @@
 
 use burst_prefix_planner::Speed;
 
-use crate::load::parse_sample;
+use crate::exposition::parse_sample;
 
 /// What one scrape's counters say, summed over the replica's models and engines.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
