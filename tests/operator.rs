@@ -39,8 +39,11 @@ async fn policy_pods_configmap_producer_and_churn() {
         &client,
         &ns,
         "rl",
+        // Balanced by requests: the burst below checks co-location through the operator's
+        // config, a rule of that mode (the time cost may split a short prompt's samples).
         vllm_policy(json!({
             "windowDurationMs": 200,
+            "balanceBy": "requests",
         })),
     )
     .await;

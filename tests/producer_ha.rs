@@ -122,8 +122,11 @@ async fn one_leader_serves_and_a_follower_takes_over_after_sigkill() {
         &client,
         &ns,
         "rl",
+        // Balanced by requests: the bursts check co-location across a failover, a rule of that
+        // mode (the time cost may split a short prompt's samples).
         vllm_policy(json!({
             "windowDurationMs": 300,
+            "balanceBy": "requests",
             "producer": {"replicas": 3},
         })),
     )
