@@ -216,6 +216,7 @@ impl Line {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burst_prefix_planner::testing::a100;
 
     /// Counters of a replica whose prefill takes `overhead + p x tokens` and decode step
     /// `d + g x running`, after `intervals` intervals of varied load.
@@ -251,16 +252,6 @@ mod tests {
                     + truth.decode_seconds_per_step_per_sequence * running);
             c.running = running;
             learner.observe(c);
-        }
-    }
-
-    fn a100() -> Speed {
-        Speed {
-            prefill_seconds_per_token: 50.15e-6,
-            prefill_overhead_seconds: 24.18e-3,
-            decode_seconds_per_step: 16.46e-3,
-            decode_seconds_per_step_per_sequence: 18.2e-6,
-            max_running: 256.0,
         }
     }
 

@@ -114,3 +114,15 @@ pub fn per_replica(plan: &Plan, replica_count: usize) -> Vec<usize> {
     }
     counts
 }
+
+/// Llama-3.1-8B on one A100 80GB (BLIS's calibrated coefficients, as `Speed::default()` is the
+/// H100's): about 2.6 times slower, the fleet bench's slow class.
+pub fn a100() -> crate::Speed {
+    crate::Speed {
+        prefill_seconds_per_token: 50.15e-6,
+        prefill_overhead_seconds: 24.18e-3,
+        decode_seconds_per_step: 16.46e-3,
+        decode_seconds_per_step_per_sequence: 18.2e-6,
+        max_running: 256.0,
+    }
+}

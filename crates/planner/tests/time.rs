@@ -1,7 +1,7 @@
 //! Placement priced in seconds (`BalanceBy::Time`, docs/behaviour.md §4 "Time"): in a window
 //! and on arrival, each request goes where it is predicted to be answered first.
 
-use burst_prefix_planner::testing::{batch, blocks, memory, replica_ids, rl_step};
+use burst_prefix_planner::testing::{a100, batch, blocks, memory, replica_ids, rl_step};
 use burst_prefix_planner::{
     assign_with_memory, Arrival, BalanceBy, BlockHash, Busy, InFlight, InFlightSettings, Pace,
     PlacementReason, Plan, PlanParams, Replica, Speed,
@@ -14,17 +14,6 @@ fn params() -> PlanParams {
         block_tokens: 32,
         output_tokens: 256,
         ..PlanParams::default()
-    }
-}
-
-/// Llama-3.1-8B on an A100 (BLIS): about 2.6 times slower than the default H100.
-fn a100() -> Speed {
-    Speed {
-        prefill_seconds_per_token: 50.15e-6,
-        prefill_overhead_seconds: 24.18e-3,
-        decode_seconds_per_step: 16.46e-3,
-        decode_seconds_per_step_per_sequence: 18.2e-6,
-        max_running: 256.0,
     }
 }
 
