@@ -26,8 +26,10 @@
 //! request goes where it is answered first, from each replica's pace (set with
 //! [`InFlight::set_replicas`] and [`InFlight::set_pace`]: its speed, and what its engine says it
 //! runs) and this producer's own placements in flight: their count, and the prompt tokens they
-//! have yet to prefill (each counted until its predicted first token). Group members follow
-//! their group by that cost alone; `group_size` books no seats.
+//! have yet to prefill (each counted until its predicted first token). A prompt no replica
+//! holds whole goes, among the replicas within a slack of the cheapest, to the first of its own
+//! rendezvous ranking (`crate::agree`), so that producers placing the same burst side by side
+//! agree; its later copies follow it by the cost alone. `group_size` books no seats.
 //!
 //! Cost per request: the holders of the blocks walked (each visited once, as in the spec's walk)
 //! and an ordered index of the replicas by load, never a scan of every replica; in time mode,
@@ -39,6 +41,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
+use crate::agree::{self, Priced};
 use crate::cost::{Busy, Pace};
 use crate::memory::Memory;
 use crate::plan::{
@@ -883,8 +886,9 @@ impl InFlight {
         f64::from(held) * f64::from(params.block_tokens)
     }
 
-    /// Time mode: the allowed replica where the request is answered first (`crate::cost`),
-    /// among those holding fewer than k of its group while any does; ties by step 6's order.
+    /// Time mode: the allowed replica where the request is answered first (`crate::cost`), or
+    /// one the cost accepts that other producers would choose too (`crate::agree`), among those
+    /// holding fewer than k of its group while any does.
     fn cheapest(
         &self,
         arrival: &Arrival<'_>,
@@ -907,17 +911,33 @@ impl InFlight {
                 .allowed_replicas
                 .is_none_or(|allowed| allowed.contains(&(replica as usize)))
         };
+        // Every allowed replica priced; a prompt no replica holds whole goes to the one
+        // producers agree on (`crate::agree`), one a replica holds to the cheapest.
+        let prompt_tokens = arrival.blocks.len() as f64 * f64::from(params.block_tokens);
         let best = |skip_full: bool| {
-            (0..self.replicas.len() as u32)
+            let mut held_whole = false;
+            let priced: Vec<Priced<'_>> = (0..self.replicas.len() as u32)
                 .filter(|&r| allowed(r) && !(skip_full && at_k(r)))
                 .map(|r| {
                     let uncached = self.uncached_tokens(arrival.blocks, r, params);
                     let held = self.held_tokens(r, params);
-                    let cost = self.pace_now(r, now_ms).seconds(uncached, held, output);
-                    (cost, self.replicas[r as usize].rank, r)
+                    held_whole |= uncached <= 0.0;
+                    Priced {
+                        replica: r as usize,
+                        id: &self.replicas[r as usize].id,
+                        seconds: self.pace_now(r, now_ms).seconds(uncached, held, output),
+                    }
                 })
-                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-                .map(|(_, _, r)| r)
+                .collect();
+            let cheapest = agree::cheapest(&priced, |r| self.replicas[r].rank)?;
+            let chosen = match arrival.blocks.last() {
+                Some(&prompt) if !held_whole => {
+                    let speed = self.replicas[cheapest].pace.speed;
+                    agree::choose(&priced, prompt, agree::slack(&speed, prompt_tokens))
+                }
+                _ => Some(cheapest),
+            };
+            chosen.map(|r| r as u32)
         };
         let replica = best(true).or_else(|| best(false))?;
         let need = params.min_colocate_blocks.max(1);

@@ -2,6 +2,7 @@
 //! and on arrival, each request goes where it is predicted to be answered first.
 
 use burst_prefix_planner::testing::{a100, batch, blocks, memory, replica_ids, rl_step};
+use burst_prefix_planner::agree::{self, Priced};
 use burst_prefix_planner::{
     assign_with_memory, Arrival, BalanceBy, BlockHash, Busy, InFlight, InFlightSettings, Pace,
     PlacementReason, Plan, PlanParams, Replica, Speed,
@@ -237,4 +238,80 @@ fn distinct_prompts_on_idle_replicas_spread() {
     assert_ne!(placed[0], placed[1], "{placed:?}");
     let placed = window(&prompts, &fleet(&ids, &[])).assignments;
     assert_ne!(placed[0], placed[1], "{placed:?}");
+}
+
+/// `step` sent to `producers` placers in turn (a round-robin front), each knowing only its
+/// own placements.
+fn side_by_side(
+    producers: usize,
+    step: &[Vec<BlockHash>],
+    replicas: &[Replica<'_>],
+) -> Vec<Option<usize>> {
+    let mut placers: Vec<InFlight> = (0..producers)
+        .map(|_| {
+            let mut in_flight = InFlight::new(InFlightSettings::default());
+            in_flight.set_replicas(replicas);
+            in_flight
+        })
+        .collect();
+    step.iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let arrival = Arrival {
+                blocks: prompt,
+                allowed_replicas: None,
+                group_size: None,
+            };
+            placers[i % producers]
+                .place(&arrival, &params(), None, 0)
+                .replica
+        })
+        .collect()
+}
+
+#[test]
+fn producers_side_by_side_keep_each_prompts_samples_together() {
+    let ids = replica_ids(16);
+    let replicas = fleet(&ids, &[]);
+    // The GRPO burst: 8 prompts x 8 samples, sharing a system prompt, on 16 replicas.
+    let step = rl_step(8, 8, 8, 56);
+    let alone = on_arrival(&step, &replicas);
+    assert_eq!(spread(&step, &alone), vec![1; 8]);
+    // Each prompt's first choice on idle replicas: the top of its own ranking.
+    let first_choice = |prompt: &Vec<BlockHash>| {
+        let priced: Vec<Priced<'_>> = ids
+            .iter()
+            .enumerate()
+            .map(|(replica, id)| Priced {
+                replica,
+                id,
+                seconds: 1.0,
+            })
+            .collect();
+        agree::choose(&priced, *prompt.last().unwrap(), 0.0).unwrap()
+    };
+    let firsts: Vec<usize> = step[..8].iter().map(first_choice).collect();
+    let unique = |p: usize| firsts.iter().filter(|&&f| f == firsts[p]).count() == 1;
+    assert!((0..8).filter(|&p| unique(p)).count() >= 4, "{firsts:?}");
+    // Three producers, each sent every third request: none sees the others' placements, yet
+    // the samples of each prompt whose first choice no other prompt shares land together,
+    // where one producer puts them. Two prompts with one first choice may split (each
+    // producer that placed one of them first finds that replica busy for the other).
+    let three = side_by_side(3, &step, &replicas);
+    // Per prompt (step[i] is prompt i % 8), the replicas its samples went to.
+    let on = |placed: &[Option<usize>], p: usize| {
+        let mut on: Vec<usize> = (p..placed.len()).step_by(8).filter_map(|i| placed[i]).collect();
+        on.sort_unstable();
+        on.dedup();
+        on
+    };
+    for p in 0..8 {
+        if unique(p) {
+            assert_eq!(on(&three, p), on(&alone, p), "prompt {p}: {three:?}");
+        } else {
+            assert!(on(&three, p).len() <= 2, "prompt {p}: {three:?}");
+        }
+    }
+    let spread_three: Vec<usize> = (0..8).map(|p| on(&three, p).len()).collect();
+    eprintln!("first choices {firsts:?}; replicas per prompt with three producers {spread_three:?}");
 }
