@@ -255,6 +255,13 @@ async fn bench_on(
         &args.only_routes,
         &args.routes,
     )?;
+    if let Some(route) = routes.iter().find(|r| r.producers > 1) {
+        bail!(
+            "route {:?}: producers side by side run on the fleet bench (make bench-fleet), \
+             not on a few engine replicas",
+            route.name
+        );
+    }
     let workloads = bench_workloads();
     if let Some(unknown) = args
         .workloads

@@ -56,6 +56,11 @@ pub struct Route {
     pub session_header: Option<String>,
     /// Listed but not run yet, and why (the report says so).
     pub pending: Option<String>,
+    /// Producers side by side (a proxy route; the fleet bench only): each request goes to the
+    /// next one in turn through a round-robin front, and each knows only its own placements
+    /// and what the engines report (active-active, docs/behaviour.md §10). 1 for every other
+    /// route.
+    pub producers: usize,
 }
 
 /// An entry of routes.yaml: a name and exactly one of the ways.
@@ -70,6 +75,7 @@ struct Entry {
     vllm_router: Option<Vec<String>>,
     session_header: Option<String>,
     pending: Option<String>,
+    producers: Option<usize>,
 }
 
 /// Placeholders of a proxy's planner YAML, filled in by the bench from the engine.
@@ -214,11 +220,18 @@ pub fn parse(text: &str, placeholders: &Placeholders) -> anyhow::Result<Vec<Rout
                 kinds.len()
             ),
         };
+        let producers = match (entry.producers, &kind) {
+            (None, _) => 1,
+            (Some(0), _) => bail!("route {name:?}: producers must be at least 1"),
+            (Some(n), RouteKind::Proxy { .. }) => n,
+            (Some(_), _) => bail!("route {name:?}: producers is for a proxy route"),
+        };
         let route = Route {
             name,
             kind,
             session_header: entry.session_header,
             pending: entry.pending,
+            producers,
         };
         if routes
             .iter()
@@ -356,12 +369,27 @@ mod tests {
     }
 
     #[test]
+    fn producers_side_by_side_are_for_proxy_routes() {
+        let text = "- {name: rr, direct: round-robin}\n- {name: p, proxy: 'placement: window', producers: 3}";
+        let routes = parse(text, &placeholders()).unwrap();
+        assert_eq!((routes[0].producers, routes[1].producers), (1, 3));
+        for (bad, why) in [
+            ("- {name: rr, direct: round-robin, producers: 2}", "for a proxy route"),
+            ("- {name: rr, direct: round-robin}\n- {name: p, proxy: 'placement: window', producers: 0}", "at least 1"),
+        ] {
+            let error = parse(bad, &placeholders()).unwrap_err().to_string();
+            assert!(error.contains(why), "{error}");
+        }
+    }
+
+    #[test]
     fn slugs_are_file_names() {
         let route = Route {
             name: "sglang-router cache_aware, --balance-abs-threshold 8".into(),
             kind: RouteKind::Direct(Direct::RoundRobin),
             session_header: None,
             pending: None,
+            producers: 1,
         };
         assert_eq!(
             route.slug(),

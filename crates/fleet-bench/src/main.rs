@@ -236,6 +236,8 @@ fn workloads(quick: bool) -> Vec<Planned> {
         ];
     }
     vec![
+        // The GRPO burst of issue 41's targets (one producer against several side by side).
+        planned(rl(8, 8), &[16]),
         planned(rl(64, 8), &[16, 64]),
         planned(rl(256, 16), &[64]),
         planned(

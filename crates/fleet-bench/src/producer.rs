@@ -40,15 +40,16 @@ pub fn config(planner_yaml: &str, replicas: &[String]) -> String {
 }
 
 impl Producer {
-    /// Starts `binary` with `planner_yaml` and the `replicas`, and waits until `/readyz`.
+    /// Starts `binary` with `planner_yaml` and the `replicas`, and waits until `/readyz`; its
+    /// config and log are `<name>.yaml` and `<name>.log` in `dir`.
     pub async fn start(
         binary: &Path,
         planner_yaml: &str,
         replicas: &[String],
-        dir: &Path,
+        (dir, name): (&Path, &str),
         client: &reqwest::Client,
     ) -> anyhow::Result<Producer> {
-        let config_path: PathBuf = dir.join("producer.yaml");
+        let config_path: PathBuf = dir.join(format!("{name}.yaml"));
         std::fs::write(&config_path, config(planner_yaml, replicas))
             .with_context(|| format!("cannot write {}", config_path.display()))?;
         let port = crate::netns::next_port()?;
@@ -64,11 +65,11 @@ impl Producer {
             .args(["--epp-listen", &format!("127.0.0.1:{epp_port}")])
             .arg("--epp-plaintext")
             .env("RUST_LOG", "warn");
-        let mut process = Process::start(command, &dir.join("producer.log"))?;
+        let mut process = Process::start(command, &dir.join(format!("{name}.log")))?;
         let ready = format!("http://127.0.0.1:{admin_port}/readyz");
         wait_healthy(&mut process, &ready, client, Duration::from_secs(60))
             .await
-            .context("the producer")?;
+            .with_context(|| format!("the producer ({name})"))?;
         Ok(Producer {
             process,
             port,

@@ -143,12 +143,13 @@ pub struct StepFigures {
 }
 
 impl StepFigures {
-    /// CPU milliseconds per request of `process`.
+    /// CPU milliseconds per request of `process` (of all its groups: several producers).
     pub fn cpu_ms_per_request(&self, process: &str) -> f64 {
-        self.cpu
-            .iter()
-            .find(|c| c.process == process)
-            .map_or(f64::NAN, |c| c.seconds * 1e3 / self.requests.max(1) as f64)
+        let mut of_process = self.cpu.iter().filter(|c| c.process == process).peekable();
+        if of_process.peek().is_none() {
+            return f64::NAN;
+        }
+        of_process.map(|c| c.seconds).sum::<f64>() * 1e3 / self.requests.max(1) as f64
     }
 
     /// The busiest process's CPU over the step's wall time, in cores.

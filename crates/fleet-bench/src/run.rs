@@ -11,7 +11,7 @@ use anyhow::{anyhow, Context as _};
 use burst_prefix_engine_bench::engine::wait_healthy;
 use burst_prefix_engine_bench::peers::PeerRouter;
 use burst_prefix_engine_bench::process::Process;
-use burst_prefix_engine_bench::routes::{Route, RouteKind};
+use burst_prefix_engine_bench::routes::{Direct, Route, RouteKind};
 use serde::Serialize;
 use tokio::process::Command;
 
@@ -62,7 +62,31 @@ pub struct Context {
 enum Front {
     Direct(Process, u16),
     Proxy(Producer),
+    /// Producers side by side behind the round-robin front (`Route::producers`).
+    Producers(Vec<Producer>, Process, u16),
     Peer(PeerRouter),
+}
+
+/// Starts the bench's own front (`fleet-bench front`) with `policy` over `workers`.
+async fn start_front(
+    policy: Direct,
+    workers: &[String],
+    dir: &Path,
+    context: &Context,
+) -> anyhow::Result<(Process, u16)> {
+    let port = crate::netns::next_port()?;
+    let mut command = Command::new(&context.bench_binary);
+    command
+        .arg("front")
+        .args(["--policy", policy_name(policy)])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(workers);
+    let mut process = Process::start(command, &dir.join("front.log"))?;
+    let url = format!("http://127.0.0.1:{port}/health");
+    wait_healthy(&mut process, &url, &context.client, Duration::from_secs(30))
+        .await
+        .context("the bench's front")?;
+    Ok((process, port))
 }
 
 impl Front {
@@ -75,23 +99,52 @@ impl Front {
         let client = &context.client;
         Ok(match &route.kind {
             RouteKind::Direct(policy) => {
-                let port = crate::netns::next_port()?;
-                let mut command = Command::new(&context.bench_binary);
-                command
-                    .arg("front")
-                    .args(["--policy", policy_name(*policy)])
-                    .args(["--listen", &format!("127.0.0.1:{port}")])
-                    .args(workers);
-                let mut process = Process::start(command, &dir.join("front.log"))?;
-                let url = format!("http://127.0.0.1:{port}/health");
-                wait_healthy(&mut process, &url, client, Duration::from_secs(30))
-                    .await
-                    .context("the direct routes' front")?;
+                let (process, port) = start_front(*policy, workers, dir, context).await?;
                 Front::Direct(process, port)
             }
-            RouteKind::Proxy { planner_yaml } => Front::Proxy(
-                Producer::start(&context.producer, planner_yaml, workers, dir, client).await?,
+            RouteKind::Proxy { planner_yaml } if route.producers == 1 => Front::Proxy(
+                Producer::start(
+                    &context.producer,
+                    planner_yaml,
+                    workers,
+                    (dir, "producer"),
+                    client,
+                )
+                .await?,
             ),
+            RouteKind::Proxy { planner_yaml } => {
+                let mut producers = Vec::with_capacity(route.producers);
+                for index in 0..route.producers {
+                    let name = format!("producer-{index}");
+                    let started = Producer::start(
+                        &context.producer,
+                        planner_yaml,
+                        workers,
+                        (dir, &name),
+                        client,
+                    )
+                    .await;
+                    match started {
+                        Ok(producer) => producers.push(producer),
+                        Err(error) => {
+                            for producer in producers {
+                                producer.stop().await;
+                            }
+                            return Err(error);
+                        }
+                    }
+                }
+                let urls: Vec<String> = producers.iter().map(Producer::url).collect();
+                match start_front(Direct::RoundRobin, &urls, dir, context).await {
+                    Ok((process, port)) => Front::Producers(producers, process, port),
+                    Err(error) => {
+                        for producer in producers {
+                            producer.stop().await;
+                        }
+                        return Err(error);
+                    }
+                }
+            }
             RouteKind::Peer { peer, args } => {
                 let python = context
                     .peers_python
@@ -111,20 +164,28 @@ impl Front {
 
     fn url(&self) -> String {
         match self {
-            Front::Direct(_, port) => format!("http://127.0.0.1:{port}"),
+            Front::Direct(_, port) | Front::Producers(_, _, port) => {
+                format!("http://127.0.0.1:{port}")
+            }
             Front::Proxy(producer) => producer.url(),
             Front::Peer(router) => router.url(),
         }
     }
 
-    /// Its process group, named as the reports name it.
-    fn watched(&self) -> Option<(String, u32)> {
-        let group = match self {
-            Front::Direct(process, _) => process.group(),
-            Front::Proxy(producer) => producer.group(),
-            Front::Peer(router) => router.group(),
-        }?;
-        Some(("route".to_string(), group))
+    /// Its process groups, named as the reports name them: "route" for what places (several
+    /// producers' CPU is added up), "front" for the producers' round-robin front.
+    fn watched(&self) -> Vec<(String, u32)> {
+        let route = |group: Option<u32>| group.map(|g| ("route".to_string(), g));
+        match self {
+            Front::Direct(process, _) => route(process.group()).into_iter().collect(),
+            Front::Proxy(producer) => route(producer.group()).into_iter().collect(),
+            Front::Producers(producers, front, _) => producers
+                .iter()
+                .filter_map(|p| route(p.group()))
+                .chain(front.group().map(|g| ("front".to_string(), g)))
+                .collect(),
+            Front::Peer(router) => route(router.group()).into_iter().collect(),
+        }
     }
 
     async fn stop(self, dir: &Path, client: &reqwest::Client) {
@@ -134,6 +195,14 @@ impl Front {
                 let _ =
                     std::fs::write(dir.join("producer.metrics"), producer.metrics(client).await);
                 producer.stop().await;
+            }
+            Front::Producers(producers, front, _) => {
+                front.stop(Duration::from_secs(5)).await;
+                for (index, producer) in producers.into_iter().enumerate() {
+                    let metrics = producer.metrics(client).await;
+                    let _ = std::fs::write(dir.join(format!("producer-{index}.metrics")), metrics);
+                    producer.stop().await;
+                }
             }
             Front::Peer(router) => {
                 let _ = std::fs::write(dir.join("router.metrics"), router.metrics(client).await);
@@ -214,7 +283,7 @@ async fn on_front(
 ) -> anyhow::Result<Vec<StepFigures>> {
     let classes: Vec<usize> = fleet.iter().map(|r| r.class).collect();
     let class_count = context.sim.fleet.classes.len();
-    let mut watched: Vec<(String, u32)> = front.watched().into_iter().collect();
+    let mut watched: Vec<(String, u32)> = front.watched();
     watched.extend(sims_watched(fleet));
     match workload {
         Workload::Rl(w) => {
@@ -502,6 +571,7 @@ mod tests {
                 },
                 session_header: None,
                 pending: None,
+                producers: 1,
             })
             .unwrap()
         );

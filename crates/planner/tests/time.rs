@@ -1,8 +1,8 @@
 //! Placement priced in seconds (`BalanceBy::Time`, docs/behaviour.md §4 "Time"): in a window
 //! and on arrival, each request goes where it is predicted to be answered first.
 
-use burst_prefix_planner::testing::{a100, batch, blocks, memory, replica_ids, rl_step};
 use burst_prefix_planner::agree::{self, Priced};
+use burst_prefix_planner::testing::{a100, batch, blocks, memory, replica_ids, rl_step};
 use burst_prefix_planner::{
     assign_with_memory, Arrival, BalanceBy, BlockHash, Busy, InFlight, InFlightSettings, Pace,
     PlacementReason, Plan, PlanParams, Replica, Speed,
@@ -300,7 +300,10 @@ fn producers_side_by_side_keep_each_prompts_samples_together() {
     let three = side_by_side(3, &step, &replicas);
     // Per prompt (step[i] is prompt i % 8), the replicas its samples went to.
     let on = |placed: &[Option<usize>], p: usize| {
-        let mut on: Vec<usize> = (p..placed.len()).step_by(8).filter_map(|i| placed[i]).collect();
+        let mut on: Vec<usize> = (p..placed.len())
+            .step_by(8)
+            .filter_map(|i| placed[i])
+            .collect();
         on.sort_unstable();
         on.dedup();
         on
@@ -313,5 +316,23 @@ fn producers_side_by_side_keep_each_prompts_samples_together() {
         }
     }
     let spread_three: Vec<usize> = (0..8).map(|p| on(&three, p).len()).collect();
-    eprintln!("first choices {firsts:?}; replicas per prompt with three producers {spread_three:?}");
+    // Each producer plans its own window of what it is sent, and they agree the same way.
+    let windows: Vec<Vec<Option<usize>>> = (0..3)
+        .map(|w| {
+            let mine: Vec<Vec<BlockHash>> = step.iter().skip(w).step_by(3).cloned().collect();
+            window(&mine, &replicas).assignments
+        })
+        .collect();
+    let in_windows: Vec<Option<usize>> = (0..step.len()).map(|i| windows[i % 3][i / 3]).collect();
+    let one_window = window(&step, &replicas).assignments;
+    for p in (0..8).filter(|&p| unique(p)) {
+        assert_eq!(
+            on(&in_windows, p),
+            on(&one_window, p),
+            "prompt {p}: {in_windows:?}"
+        );
+    }
+    eprintln!(
+        "first choices {firsts:?}; replicas per prompt with three producers {spread_three:?}"
+    );
 }

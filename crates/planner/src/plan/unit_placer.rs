@@ -9,6 +9,7 @@ use super::recall::Recall;
 use super::units::Unit;
 use super::walk::{Matches, WindowHolders};
 use super::{BalanceBy, HeldPrefixes, PlacementReason, Plan, PlanParams, Replica};
+use crate::agree::{self, Priced};
 use crate::cost::Pace;
 use crate::prefixhash::BlockHash;
 
@@ -60,6 +61,8 @@ pub(super) struct UnitPlacer<'a> {
     /// In time mode: each replica's speed and what it is busy with, this window's placements
     /// included; `load` is then its cost of a cached request, in microseconds.
     paces: Vec<Pace>,
+    /// In time mode: the replicas' ids, for the rank producers agree on (`crate::agree`).
+    ids: Vec<&'a str>,
     /// In time mode: the lowest seconds per prefill token among the replicas.
     fastest_prefill: f64,
 }
@@ -78,6 +81,10 @@ impl<'a> UnitPlacer<'a> {
     ) -> Self {
         let paces: Vec<Pace> = match balance {
             Balance::Seconds => replicas.iter().map(|replica| replica.pace).collect(),
+            _ => Vec::new(),
+        };
+        let ids: Vec<&'a str> = match balance {
+            Balance::Seconds => replicas.iter().map(|replica| replica.id).collect(),
             _ => Vec::new(),
         };
         let fastest_prefill = paces
@@ -124,6 +131,7 @@ impl<'a> UnitPlacer<'a> {
             usable: vec![false; if recall.is_some() { replicas.len() } else { 0 }],
             price_from: Vec::new(),
             paces,
+            ids,
             fastest_prefill,
             recall,
         }
@@ -285,11 +293,14 @@ impl<'a> UnitPlacer<'a> {
     }
 
     /// Time mode: the replica where one more member of `unit` is answered first, among those
-    /// under k for the unit (all of them while overflowing); ties by step 6's order. The
-    /// replicas holding none of it are read by load, stopping once no further one can win.
+    /// under k for the unit (all of them while overflowing); ties by step 6's order. While no
+    /// replica holds the whole unit, the one producers agree on among those within the slack
+    /// of the cheapest (`crate::agree`). The replicas holding none of it are read by load,
+    /// stopping once no further one can win.
     fn cheapest(&self, unit: &Unit<'_>) -> Option<usize> {
         let blocks = unit.blocks.len();
         let block_tokens = f64::from(self.params.block_tokens);
+        let prompt_tokens = blocks as f64 * block_tokens;
         // `load` is the cost of a request holding nothing and prefilling nothing; a member
         // prefills what the replica lacks, and waits for no queued prefill it shares.
         let cost = |replica: usize| {
@@ -299,9 +310,19 @@ impl<'a> UnitPlacer<'a> {
                 held if held < self.params.min_colocate_blocks => 0.0,
                 held => held as f64 * block_tokens,
             };
-            let uncached = blocks as f64 * block_tokens - held;
+            let uncached = prompt_tokens - held;
             let shared = held.min(pace.busy.prefill_tokens);
             seconds(self.load[replica]) + (uncached - shared) * pace.speed.prefill_seconds_per_token
+        };
+        let eligible = |replica: usize| self.overflowing || self.members_here[replica] < self.k;
+        // The cold replicas by load (their cost is their load plus at least `cold`), until
+        // none can cost `at_most`.
+        let cold = prompt_tokens * self.fastest_prefill;
+        let cold_within = |at_most: f64| {
+            self.under_k
+                .iter()
+                .take_while(move |&&(load, _)| seconds(load) + cold <= at_most)
+                .map(|&(_, rank)| self.by_order[rank as usize] as usize)
         };
         let mut best: Option<(f64, (u64, u32), usize)> = None;
         let consider = |replica: usize, best: &mut Option<(f64, (u64, u32), usize)>| {
@@ -312,18 +333,42 @@ impl<'a> UnitPlacer<'a> {
             }
         };
         for &replica in self.matches.matched() {
-            if self.overflowing || self.members_here[replica] < self.k {
+            if eligible(replica) {
                 consider(replica, &mut best);
             }
         }
-        let cold = blocks as f64 * block_tokens * self.fastest_prefill;
         for &(load, rank) in &self.under_k {
             if best.as_ref().is_some_and(|b| seconds(load) + cold > b.0) {
                 break;
             }
             consider(self.by_order[rank as usize] as usize, &mut best);
         }
-        best.map(|(_, _, replica)| replica)
+        let (cheapest, _, replica) = best?;
+        let held_whole = self
+            .matches
+            .matched()
+            .iter()
+            .any(|&r| self.matches.of(r) >= blocks);
+        let Some(&prompt) = unit.blocks.last().filter(|_| !held_whole) else {
+            return Some(replica);
+        };
+        let slack = agree::slack(&self.paces[replica].speed, prompt_tokens);
+        let priced = |replica: usize| Priced {
+            replica,
+            id: self.ids[replica],
+            seconds: cost(replica),
+        };
+        let within: Vec<Priced<'_>> = self
+            .matches
+            .matched()
+            .iter()
+            .copied()
+            .filter(|&r| eligible(r))
+            .chain(cold_within(cheapest + slack))
+            .map(priced)
+            .filter(|p| p.seconds <= cheapest + slack)
+            .collect();
+        agree::choose(&within, prompt, slack)
     }
 
     /// With memory, for a request outside every unit (entry `entry` of the batch): what the
