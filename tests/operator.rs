@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
 use serde_json::{json, Value};
@@ -472,7 +473,8 @@ async fn two_operators_one_leader() {
 /// Producers run the operator's image unless a policy pins its own, so restarting the operator
 /// with a new --producer-image (a chart upgrade) rolls them; with more than one replica they get
 /// a Lease (theirs to hold, with get and patch only), a PodDisruptionBudget, Recreate and a
-/// spread, and lose them again at one replica.
+/// spread; with `ha: activeActive` the Lease goes and the update rolls; at one replica the rest
+/// goes.
 #[tokio::test(flavor = "multi_thread")]
 async fn producers_follow_the_operator_image_and_their_replicas() {
     let Scene {
@@ -623,6 +625,60 @@ async fn producers_follow_the_operator_image_and_their_replicas() {
             "{verb} {name:?}"
         );
     }
+
+    // Active-active: every replica serves. The Lease goes (pruned like any child no longer
+    // desired) and so does the producers' right to hold it; the budget and the spread stay;
+    // the update rolls one new pod at a time, none unavailable.
+    policies
+        .patch(
+            "rl",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"producer": {"ha": "activeActive"}}})),
+        )
+        .await
+        .unwrap();
+    let deployment = eventually("three replicas, RollingUpdate", TIMEOUT, || async {
+        deployments.get("rl-producer").await.ok().filter(|d| {
+            d.spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("RollingUpdate")
+        })
+    })
+    .await;
+    assert_eq!(deployment.spec.replicas, Some(3));
+    let rolling = deployment.spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(
+        (rolling.max_surge, rolling.max_unavailable),
+        (Some(IntOrString::Int(1)), Some(IntOrString::Int(0)))
+    );
+    let pod = deployment.spec.template.spec.unwrap();
+    assert!(pod.topology_spread_constraints.is_some());
+    let args = pod.containers[0].args.clone().unwrap().join(" ");
+    assert!(!args.contains("--leader-elect"), "{args}");
+    eventually("the Lease to go", TIMEOUT, || async {
+        leases
+            .get_opt("rl-producer")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(budgets.get_opt("rl-producer").await.unwrap().is_some());
+    let role = Api::<Role>::namespaced(client.clone(), &ns)
+        .get("rl-producer")
+        .await
+        .unwrap();
+    assert_eq!(role.rules.unwrap().len(), 1);
+    assert!(
+        !may(
+            &producer,
+            "get",
+            "coordination.k8s.io",
+            "leases",
+            &ns,
+            Some("rl-producer")
+        )
+        .await
+    );
 
     // Back to one: the budget and the Lease go, RollingUpdate is back.
     replicas(1).await;

@@ -2,7 +2,8 @@
 //! processes run with the command line the operator renders for `producer.replicas: 3` and the
 //! operator-made ServiceAccount's own token; they elect a leader with the operator-made Lease; only
 //! the leader is ready and plans. SIGKILL the leader: another takes over within the Lease duration,
-//! and a burst sent right after failover is still co-located.
+//! and a burst sent right after failover is still co-located. With `ha: activeActive` every
+//! replica is ready and serves, and a SIGKILL leaves the others serving without a gap.
 
 mod common;
 
@@ -238,5 +239,129 @@ async fn one_leader_serves_and_a_follower_takes_over_after_sigkill() {
     }
     let remaining: Vec<usize> = others.into_iter().filter(|&i| i != successor).collect();
     assert!(!ready(&replicas[remaining[0]]).await, "two leaders");
+    replicas.clear();
+}
+
+/// `ha: activeActive`: the operator renders no Lease and no `--leader-elect`, and the three
+/// producers run with that command line are all ready and all place. SIGKILL one during a
+/// steady load sent to the others: every request succeeds, and at every sample at least one
+/// producer is ready (the survivors never stop being ready: there is no failover).
+#[tokio::test(flavor = "multi_thread")]
+async fn active_active_producers_all_serve_and_a_sigkill_leaves_no_gap() {
+    let Scene {
+        control_plane,
+        client,
+        ns,
+    } = Scene::new("ha-active").await;
+    let _operator = start_operator(control_plane, &ns, &[]);
+    create_policy(
+        &client,
+        &ns,
+        "rl",
+        vllm_policy(json!({
+            "windowDurationMs": 0,
+            "producer": {"replicas": 3, "ha": "activeActive"},
+        })),
+    )
+    .await;
+    for i in 0..4 {
+        create_pod(&client, &ns, &format!("vllm-{i}"), "vllm").await;
+        set_pod_status(
+            &client,
+            &ns,
+            &format!("vllm-{i}"),
+            &format!("10.1.0.{}", i + 1),
+            true,
+        )
+        .await;
+    }
+    eventually("four endpoints", TIMEOUT, || async {
+        endpoint_ids(&client, &ns)
+            .await
+            .filter(|ids| ids.len() == 4)
+    })
+    .await;
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("rl-producer")
+        .await
+        .unwrap();
+    let strategy = deployment.spec.strategy.clone().unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let args = deployment.spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(!args.contains(&"--leader-elect".to_string()), "{args:?}");
+    assert!(Api::<Lease>::namespaced(client.clone(), &ns)
+        .get_opt("rl-producer")
+        .await
+        .unwrap()
+        .is_none());
+
+    let token = control_plane
+        .service_account_token(&ns, "rl-producer")
+        .await
+        .unwrap();
+    let kubeconfig = control_plane
+        .kubeconfig_for("rl-producer-active", &token)
+        .unwrap();
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|i| {
+            replica(
+                control_plane,
+                &args,
+                &kubeconfig,
+                &format!("rl-producer-{i}"),
+            )
+        })
+        .collect();
+    eventually("every replica ready", TIMEOUT, || async {
+        for r in &replicas {
+            if !ready(r).await {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    for r in &replicas {
+        let answered = burst(&r.api, 2, 4, "each").await;
+        assert!(
+            answered.iter().all(|(status, _)| *status == 200),
+            "{answered:?}"
+        );
+    }
+
+    // A steady load to the two that stay (what a Service sends once the killed pod's endpoint
+    // is gone): 1 request every 50 ms, 60 in all; replica 0 is killed after the 10th.
+    let mut failed = Vec::new();
+    let mut samples_without_a_ready_one = 0;
+    for n in 0..60 {
+        if n == 10 {
+            replicas[0]
+                .process
+                .signal(nix::sys::signal::Signal::SIGKILL);
+        }
+        let target = &replicas[1 + n % 2];
+        let answered = burst(&target.api, 1, 1, &format!("steady {n}")).await;
+        if answered[0].0 != 200 {
+            failed.push((n, answered[0].0));
+        }
+        let mut any_ready = false;
+        for r in &replicas[1..] {
+            any_ready |= ready(r).await;
+        }
+        if !any_ready {
+            samples_without_a_ready_one += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(failed.is_empty(), "failed requests: {failed:?}");
+    assert_eq!(samples_without_a_ready_one, 0);
+    assert!(ready(&replicas[1]).await && ready(&replicas[2]).await);
+    assert!(
+        !ready(&replicas[0]).await,
+        "the killed replica still answers"
+    );
     replicas.clear();
 }

@@ -22,6 +22,14 @@ pub struct Endpoint {
     pub running_requests: Option<u64>,
 }
 
+impl Endpoint {
+    /// Its address as an IP and a port: what the engine feeds (KV events, `/metrics`) reach.
+    /// `None` for a host name, which they skip.
+    pub fn socket_addr(&self) -> Option<std::net::SocketAddr> {
+        self.address.parse().ok()
+    }
+}
+
 /// The whole producer config: docs/behaviour.md §2 fields, flat, plus `endpoints`. Unknown fields
 /// are refused by name (serde cannot deny unknown fields through `flatten`, hence the `try_from`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@
 //! past, our placements the prediction for the requests still in flight. A replica the engine
 //! cleared (a reset, a weight update, a restart) loses its model.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -32,6 +32,8 @@ pub struct Engines {
     pending: Mutex<Pending>,
     /// Per endpoint id, the requests its engine runs and queues, from its `/metrics`.
     load: RwLock<HashMap<String, u64>>,
+    /// Endpoint ids whose `/metrics` were scraped at least once, answered or not.
+    scraped: RwLock<HashSet<String>>,
     /// Per endpoint id, its speed as learned from its `/metrics` counters.
     speeds: RwLock<HashMap<String, SpeedLearner>>,
     /// Bumped whenever a load or a speed changes (placers that cache them look again).
@@ -75,6 +77,7 @@ impl Engines {
             tokenizer: RwLock::new(None),
             pending: Mutex::new(Pending::default()),
             load: RwLock::new(HashMap::new()),
+            scraped: RwLock::new(HashSet::new()),
             speeds: RwLock::new(HashMap::new()),
             heard: AtomicU64::new(0),
             weight_version: Mutex::new(None),
@@ -237,8 +240,14 @@ impl Engines {
         !pending.touches.is_empty()
     }
 
-    /// Records `endpoint`'s engine load (requests running and waiting); `None`: unknown.
+    /// Records one scrape of `endpoint`'s engine load (requests running and waiting); `None`:
+    /// unknown (the scrape failed).
     pub fn set_load(&self, endpoint: &str, load: Option<u64>) {
+        let mut scraped = self.scraped.write().unwrap_or_else(|p| p.into_inner());
+        if !scraped.contains(endpoint) {
+            scraped.insert(endpoint.to_string());
+        }
+        drop(scraped);
         let mut loads = self.load.write().unwrap_or_else(|p| p.into_inner());
         match load {
             Some(load) => {
@@ -275,6 +284,14 @@ impl Engines {
     /// Changes with every load or speed heard: equal values mean nothing new.
     pub fn heard(&self) -> u64 {
         self.heard.load(Ordering::Relaxed)
+    }
+
+    /// Whether `endpoint`'s `/metrics` were scraped at least once, answered or failed.
+    pub fn scraped(&self, endpoint: &str) -> bool {
+        self.scraped
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(endpoint)
     }
 
     /// `endpoint`'s engine load, when its `/metrics` are read.

@@ -57,6 +57,9 @@ pub struct Producer {
     /// Whether this replica leads (docs/behaviour.md §10); true unless leader election says
     /// otherwise.
     leading: Arc<AtomicBool>,
+    /// Set the first time it is Ready: the wait for the engines' first `/metrics` round is
+    /// behind it.
+    been_ready: Arc<AtomicBool>,
     /// Set once the producer shuts down: nothing more is admitted or placed.
     closed: Arc<AtomicBool>,
 }
@@ -92,6 +95,7 @@ impl Producer {
             budget,
             engines,
             leading: Arc::new(AtomicBool::new(true)),
+            been_ready: Arc::new(AtomicBool::new(false)),
             closed,
         }
     }
@@ -141,8 +145,9 @@ impl Producer {
         BodyReader::new(self.limits, self.budget.empty())
     }
 
-    /// Ready: a valid config with at least one endpoint is in force, this replica leads, and
-    /// it is not shutting down.
+    /// Ready: a valid config with at least one endpoint is in force, this replica leads, it is
+    /// not shutting down and, the first time, it has heard the engines' load when the config
+    /// reads it.
     pub fn ready(&self) -> bool {
         self.readiness().is_ok()
     }
@@ -156,8 +161,41 @@ impl Producer {
         } else if !self.store.ready() {
             Err("no valid config with at least one endpoint is loaded".into())
         } else {
+            self.heard_the_engines()?;
+            self.been_ready.store(true, Ordering::Relaxed);
             Ok(())
         }
+    }
+
+    /// A producer whose config reads the engines' load (`engines.loadIntervalMs`) is first Ready
+    /// once its first round of `/metrics` scrapes is done, each engine answered or failed (a
+    /// scrape is bounded by its timeout), so that a new replica does not place blind
+    /// (docs/behaviour.md §10). Only the first time: an engine that joins later does not take a
+    /// serving producer out of the Service.
+    fn heard_the_engines(&self) -> Result<(), String> {
+        let Some(snapshot) = self.store.current() else {
+            return Ok(());
+        };
+        if self.been_ready.load(Ordering::Relaxed)
+            || snapshot.config.planner.engines.load_interval_ms <= 0
+        {
+            return Ok(());
+        }
+        let scraped: Vec<bool> = snapshot
+            .config
+            .endpoints
+            .iter()
+            .filter(|endpoint| endpoint.socket_addr().is_some())
+            .map(|endpoint| self.engines.scraped(&endpoint.id))
+            .collect();
+        let heard = scraped.iter().filter(|&&heard| heard).count();
+        if heard < scraped.len() {
+            return Err(format!(
+                "waiting for the first /metrics round: {heard} of {} engines heard",
+                scraped.len()
+            ));
+        }
+        Ok(())
     }
 
     pub fn leading(&self) -> bool {
@@ -484,6 +522,47 @@ mod tests {
         let refused = producer.admit(|_| None).err().unwrap();
         assert_eq!(refused.code(), "shutting_down");
         assert_eq!(count(&producer, "rejected"), 2);
+    }
+
+    #[test]
+    fn reading_the_engines_load_it_is_first_ready_once_each_engine_was_scraped() {
+        let producer = Producer::with_config(
+            &format!(
+                "engines: {{loadIntervalMs: 1000}}\n{TWO}  - {{id: named, address: 'vllm:80'}}\n"
+            ),
+            Limits::default(),
+        )
+        .unwrap();
+        // A host name is not scraped (the feeds reach IPs), so it is not waited for.
+        assert_eq!(
+            producer.readiness(),
+            Err("waiting for the first /metrics round: 0 of 2 engines heard".into())
+        );
+        producer.engines().set_load("a", Some(3));
+        assert_eq!(
+            producer.readiness(),
+            Err("waiting for the first /metrics round: 1 of 2 engines heard".into())
+        );
+        // A failed scrape is heard too: an engine that never answers holds nothing up.
+        producer.engines().set_load("b", None);
+        assert_eq!(producer.readiness(), Ok(()));
+        // Once Ready, an engine that joins does not take it out of service.
+        producer
+            .config_store()
+            .apply_text(&format!(
+                "engines: {{loadIntervalMs: 1000}}\n{TWO}  - {{id: c, address: '10.0.0.3:80'}}\n"
+            ))
+            .unwrap();
+        assert_eq!(producer.readiness(), Ok(()));
+        // The other reasons still hold.
+        producer.set_leading(false);
+        assert!(producer.readiness().unwrap_err().contains("follower"));
+    }
+
+    #[test]
+    fn without_the_engines_load_a_config_is_enough() {
+        let producer = producer(20);
+        assert_eq!(producer.readiness(), Ok(()));
     }
 
     #[tokio::test]

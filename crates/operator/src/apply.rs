@@ -59,8 +59,8 @@ where
 }
 
 /// Deletes `name` of kind `K` in `namespace` if it exists and this policy controls it (a
-/// PodDisruptionBudget or Lease left from when the policy had more than one replica, a
-/// NetworkPolicy left from when the operator was given one).
+/// PodDisruptionBudget left from when the policy had more than one replica, a Lease from when
+/// its replicas elected a leader, a NetworkPolicy from when the operator was given one).
 async fn prune<K>(
     client: &Client,
     policy: &BurstPrefixPolicy,
@@ -98,7 +98,10 @@ where
         ..DeleteParams::default()
     };
     match api.delete(name, &params).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            tracing::info!(object = %what(), "deleted: the policy no longer asks for it");
+            Ok(())
+        }
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(source) => Err(Error::Apply {
             object: what(),

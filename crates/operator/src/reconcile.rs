@@ -77,6 +77,7 @@ async fn reconcile_policy(ctx: &Context, policy: &BurstPrefixPolicy) -> Result<A
     let mut observed = Observed {
         generation: policy.metadata.generation,
         producer_url: Some(producer_url(policy)),
+        ha: policy.spec.producer.ha,
         ..Observed::default()
     };
     let failure = pipeline(ctx, policy, &mut observed).await.err();

@@ -4,7 +4,7 @@
 //! carries the first failure's reason. Transition times are kept while a condition holds, so an
 //! unchanged world gives an identical status and no write.
 
-use burst_prefix_api::policy::BurstPrefixPolicyStatus;
+use burst_prefix_api::policy::{BurstPrefixPolicyStatus, HaMode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -26,6 +26,8 @@ pub struct Observed {
     /// The producer Deployment as the API server returned it (applied now, or as it stands).
     pub deployment: Option<Deployment>,
     pub producer_url: Option<String>,
+    /// The policy's `spec.producer.ha`: how many producer replicas are meant to be Ready.
+    pub ha: HaMode,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -127,7 +129,7 @@ pub fn status(
                 problem.message
             ),
         ),
-        _ => producer_verdict(observed.deployment.as_ref()),
+        _ => producer_verdict(observed.deployment.as_ref(), observed.ha),
     };
     let stages = [&config, &endpoints, &producer];
     let first_false = stages
@@ -179,7 +181,7 @@ pub fn status(
     }
 }
 
-fn producer_verdict(deployment: Option<&Deployment>) -> Verdict {
+fn producer_verdict(deployment: Option<&Deployment>, ha: HaMode) -> Verdict {
     let verdict =
         |state, reason, message: String| Verdict::new("ProducerAvailable", state, reason, message);
     let Some(deployment) = deployment else {
@@ -192,25 +194,33 @@ fn producer_verdict(deployment: Option<&Deployment>) -> Verdict {
     let status = deployment.status.clone().unwrap_or_default();
     let available = status.available_replicas.unwrap_or(0);
     let wanted = deployment.spec.replicas.unwrap_or(1);
-    if available >= 1 {
-        // With several replicas only the leader is Ready (docs/behaviour.md §10): one is the goal.
-        verdict(
-            State::True,
-            "Available",
-            format!("{available} of {wanted} producer replicas Ready"),
-        )
-    } else if wanted == 0 {
+    // How many are meant to be Ready (docs/behaviour.md §10): with leader election only the
+    // leader; otherwise every replica.
+    let (serving, how) = match ha {
+        HaMode::LeaderElection if wanted > 1 => (1, ": the leader serves, the others stand by"),
+        HaMode::ActiveActive if wanted > 1 => (wanted, ", each serving"),
+        _ => (wanted, ""),
+    };
+    // A rolling update counts the new pods with the old ones, so more than `wanted` may be
+    // Ready for a moment: say so rather than hide it.
+    let rolling = match status.updated_replicas.unwrap_or(wanted) {
+        updated if updated < wanted => format!("; rolling: {updated} of {wanted} updated"),
+        _ => String::new(),
+    };
+    let message = format!("{available} of {wanted} producer replicas Ready{how}{rolling}");
+    if wanted == 0 && available == 0 {
         verdict(
             State::False,
             "ScaledToZero",
             "spec.producer.replicas is 0".into(),
         )
+    } else if available >= serving {
+        verdict(State::True, "Available", message)
+    } else if available >= 1 {
+        // Serving, with fewer replicas than asked for.
+        verdict(State::True, "PartlyAvailable", message)
     } else {
-        verdict(
-            State::False,
-            "Unavailable",
-            format!("0 of {wanted} producer replicas Ready"),
-        )
+        verdict(State::False, "Unavailable", message)
     }
 }
 
@@ -274,7 +284,78 @@ mod tests {
             applied: Some(Ok(())),
             deployment: Some(available_deployment(1)),
             producer_url: Some("http://rl-producer.ml.svc:8080".into()),
+            ha: HaMode::LeaderElection,
         }
+    }
+
+    fn deployment(wanted: i32, available: i32, updated: i32) -> Deployment {
+        serde_json::from_value(json!({
+            "spec": {"replicas": wanted, "selector": {}, "template": {}},
+            "status": {"availableReplicas": available, "updatedReplicas": updated},
+        }))
+        .unwrap()
+    }
+
+    fn producer_condition(ha: HaMode, deployment: Deployment) -> Condition {
+        let observed = Observed {
+            ha,
+            deployment: Some(deployment),
+            ..observed()
+        };
+        get(&status(&observed, None, time(1)), "ProducerAvailable").clone()
+    }
+
+    #[test]
+    fn with_leader_election_one_ready_replica_is_the_goal() {
+        let leader = producer_condition(HaMode::LeaderElection, deployment(3, 1, 3));
+        assert_eq!(
+            (leader.status.as_str(), leader.reason.as_str()),
+            ("True", "Available")
+        );
+        assert_eq!(
+            leader.message,
+            "1 of 3 producer replicas Ready: the leader serves, the others stand by"
+        );
+        let none = producer_condition(HaMode::LeaderElection, deployment(3, 0, 3));
+        assert_eq!(
+            (none.status.as_str(), none.reason.as_str()),
+            ("False", "Unavailable")
+        );
+    }
+
+    #[test]
+    fn active_active_counts_every_ready_replica_and_serves_while_one_is() {
+        let all = producer_condition(HaMode::ActiveActive, deployment(3, 3, 3));
+        assert_eq!(
+            (all.status.as_str(), all.reason.as_str()),
+            ("True", "Available")
+        );
+        assert_eq!(all.message, "3 of 3 producer replicas Ready, each serving");
+        let some = producer_condition(HaMode::ActiveActive, deployment(3, 2, 3));
+        assert_eq!(
+            (some.status.as_str(), some.reason.as_str()),
+            ("True", "PartlyAvailable")
+        );
+        assert_eq!(some.message, "2 of 3 producer replicas Ready, each serving");
+        let none = producer_condition(HaMode::ActiveActive, deployment(3, 0, 0));
+        assert_eq!(
+            (none.status.as_str(), none.reason.as_str()),
+            ("False", "Unavailable")
+        );
+        // A surge pod counts with the old ones while a rolling update runs.
+        let rolling = producer_condition(HaMode::ActiveActive, deployment(3, 4, 1));
+        assert_eq!(rolling.reason, "Available");
+        assert_eq!(
+            rolling.message,
+            "4 of 3 producer replicas Ready, each serving; rolling: 1 of 3 updated"
+        );
+        // Ready follows: serving is Ready, however few serve.
+        let observed = Observed {
+            ha: HaMode::ActiveActive,
+            deployment: Some(deployment(3, 1, 3)),
+            ..observed()
+        };
+        assert!(is_ready(Some(&status(&observed, None, time(1)))));
     }
 
     fn get<'a>(status: &'a BurstPrefixPolicyStatus, type_: &str) -> &'a Condition {

@@ -2,8 +2,10 @@
 //! `burst-prefix-runtime` with the producer's readiness and registry.
 //!
 //! - `GET /healthz`: 200 while the process serves.
-//! - `GET /readyz`: 200 when a valid config with at least one endpoint is in force and this
-//!   replica leads; 503 with the reason before that, as a follower and while shutting down.
+//! - `GET /readyz`: 200 when a valid config with at least one endpoint is in force, this
+//!   replica leads and, the first time, it has heard each engine's `/metrics` when the config
+//!   reads the engines' load; 503 with the reason before that, as a follower and while shutting
+//!   down.
 //! - `GET /metrics`: the Prometheus text format, from the producer's own registry.
 
 use std::sync::Arc;

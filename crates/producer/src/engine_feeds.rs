@@ -206,7 +206,7 @@ impl Feeds {
 
 /// An endpoint as the engine feeds reach it: its host and HTTP port, from `ip:port`.
 fn engine_endpoint(endpoint: &Endpoint) -> Option<EngineEndpoint> {
-    let addr: std::net::SocketAddr = endpoint.address.parse().ok()?;
+    let addr = endpoint.socket_addr()?;
     Some(EngineEndpoint {
         id: endpoint.id.clone(),
         host: addr.ip().to_string(),

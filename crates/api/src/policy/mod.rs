@@ -94,13 +94,22 @@ pub struct TargetPort {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProducerSpec {
-    /// Producer pods (0..100). One is the default; with more, they elect a leader with the Lease
-    /// `<policy>-producer` and only the leader is Ready and serves (active-passive, so that a
-    /// burst stays in one window); a PodDisruptionBudget and a spread across nodes come with
-    /// them. 0 stops the producer.
+    /// Producer pods (0..100). One is the default; with more, `ha` says how they share the
+    /// work, and a PodDisruptionBudget and a spread across nodes come with them. 0 stops the
+    /// producer.
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 100))]
     pub replicas: i32,
+    /// How more than one producer replica runs (docs/behaviour.md §10). `leaderElection` (the
+    /// default): one planner at a time; the replicas elect a leader with the Lease
+    /// `<policy>-producer`, only it is Ready, a follower takes over when the Lease lapses, and
+    /// an update stops the old pods before it starts new ones (`Recreate`); what window
+    /// placement needs so that a burst stays in one window. `activeActive`: every replica is
+    /// Ready and serves, no failover gap, a rolling update with none unavailable; each places
+    /// from the engines' `/metrics` and KV events plus its own requests in flight, without the
+    /// others' last placements. Without effect on a single replica.
+    #[serde(default)]
+    pub ha: HaMode,
     /// The producer image. Leave it out to run the operator's (its `--producer-image`, which the
     /// chart sets), so that upgrading the chart upgrades every producer; set it only to pin one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +163,34 @@ pub struct ProducerSpec {
     /// directory (or its `subPath`) when the policy leaves it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<TokenizerVolume>,
+}
+
+/// How several producer replicas share the work (docs/behaviour.md §10).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum HaMode {
+    /// One planner at a time: the replicas elect a leader with the Lease `<policy>-producer`;
+    /// only the leader is Ready and serves, a follower takes over when the Lease lapses (a gap
+    /// of up to the Lease's duration), and an upgrade stops every old pod before it starts a
+    /// new one (`Recreate`: an outage while the old ones drain). Pick it for window placement,
+    /// so that a burst stays in one window.
+    #[default]
+    LeaderElection,
+    /// Every replica is Ready and serves: no failover gap, and a rolling update with none
+    /// unavailable (surge 1). Each producer places from the engines' `/metrics` and KV events
+    /// plus its own requests in flight; what the others placed in the last milliseconds it does
+    /// not see. Pick it for on-arrival placement with `engines` scraped, when no gap is
+    /// acceptable.
+    ActiveActive,
+}
+
+impl HaMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaMode::LeaderElection => "leaderElection",
+            HaMode::ActiveActive => "activeActive",
+        }
+    }
 }
 
 /// Where the producer pods find the model's tokenizer: a directory with `tokenizer.json`,
@@ -304,6 +341,7 @@ impl Default for ProducerSpec {
     fn default() -> Self {
         ProducerSpec {
             replicas: default_replicas(),
+            ha: HaMode::default(),
             image: None,
             resources: None,
             node_selector: BTreeMap::new(),
@@ -355,6 +393,28 @@ mod tests {
         assert_eq!(spec.planner, PlannerConfig::default());
         assert_eq!(spec.producer, ProducerSpec::default());
         assert_eq!(spec.producer.image, None);
+    }
+
+    #[test]
+    fn several_producers_elect_a_leader_unless_the_policy_says_active_active() {
+        assert_eq!(ProducerSpec::default().ha, HaMode::LeaderElection);
+        let producer = |json: serde_json::Value| -> Result<ProducerSpec, String> {
+            serde_json::from_value(json).map_err(|e| e.to_string())
+        };
+        let active = producer(serde_json::json!({"replicas": 3, "ha": "activeActive"})).unwrap();
+        assert_eq!((active.replicas, active.ha), (3, HaMode::ActiveActive));
+        assert_eq!(
+            producer(serde_json::json!({"ha": "leaderElection"}))
+                .unwrap()
+                .ha,
+            HaMode::LeaderElection
+        );
+        let refused = producer(serde_json::json!({"ha": "active-active"})).unwrap_err();
+        assert!(refused.contains("unknown variant"), "{refused}");
+        assert_eq!(
+            serde_json::to_value(HaMode::ActiveActive).unwrap(),
+            HaMode::ActiveActive.as_str()
+        );
     }
 
     #[test]

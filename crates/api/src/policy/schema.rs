@@ -276,6 +276,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn ha_is_one_of_two_modes_and_defaults_to_leader_election() {
+        let mut spec = spec_schema();
+        let producer = property(&mut spec, "producer").unwrap();
+        let default = producer.default.as_ref().unwrap().0.clone();
+        assert_eq!(default["ha"], "leaderElection");
+        let ha = property(producer, "ha").unwrap();
+        let modes: Vec<_> = ha
+            .enum_
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|mode| mode.0)
+            .collect();
+        assert_eq!(modes, ["leaderElection", "activeActive"]);
+    }
+
     /// Every field `kubectl explain` shows has a description, in whole sentences on one line.
     #[test]
     fn every_field_is_described_without_broken_lines() {

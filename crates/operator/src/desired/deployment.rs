@@ -1,9 +1,11 @@
 //! The producer Deployment: the producer serving the policy's ConfigMap, hardened (non-root,
 //! read-only root filesystem, no capabilities, seccomp RuntimeDefault), with probes on its admin
-//! port. With more than one replica the pods elect a leader (only the leader is Ready), so a
-//! rolling update would wait forever for a new pod to become Ready while the old leader holds
-//! the Lease (gateway-api-inference-extension#1619): the strategy is then `Recreate`, and the
-//! replicas spread across nodes. The pods mount the TLS Secrets the policy names ([`super::tls`])
+//! port. More than one replica spread across nodes. When they elect a leader (`ha:
+//! leaderElection`, only the leader is Ready), a rolling update would wait forever for a new pod
+//! to become Ready while the old leader holds the Lease (gateway-api-inference-extension#1619):
+//! the strategy is then `Recreate`. Otherwise (one replica, or `ha: activeActive`, where every
+//! replica is Ready) it is a rolling update that starts one new pod at a time and stops an old
+//! one only once the new one is Ready. The pods mount the TLS Secrets the policy names ([`super::tls`])
 //! and the model's tokenizer ([`super::tokenizer`]), open the port the producer binds for the
 //! engines' KV events, and get the time to drain their requests on SIGTERM
 //! (docs/behaviour.md §11).
@@ -27,8 +29,8 @@ use kube::ResourceExt;
 
 use super::service::{EPP, HTTP, KV_EVENTS, METRICS};
 use super::{
-    child_name, highly_available, kv_events_port, labels, metadata, selector_labels, tls,
-    tokenizer, ProducerDefaults,
+    child_name, elects_leader, kv_events_port, labels, metadata, selector_labels, several_replicas,
+    tls, tokenizer, ProducerDefaults,
 };
 
 /// The distroless nonroot user of the producer image.
@@ -48,12 +50,11 @@ fn drain_timeout_ms(policy: &BurstPrefixPolicy) -> u64 {
 }
 
 pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deployment {
-    let ha = highly_available(policy);
     let selector = LabelSelector {
         match_labels: Some(selector_labels(policy)),
         ..LabelSelector::default()
     };
-    let strategy = if ha {
+    let strategy = if elects_leader(policy) {
         DeploymentStrategy {
             type_: Some("Recreate".into()),
             rolling_update: None,
@@ -65,8 +66,8 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
         DeploymentStrategy {
             type_: Some("RollingUpdate".into()),
             rolling_update: Some(RollingUpdateDeployment {
-                max_surge: Some(IntOrString::String("25%".into())),
-                max_unavailable: Some(IntOrString::String("25%".into())),
+                max_surge: Some(IntOrString::Int(1)),
+                max_unavailable: Some(IntOrString::Int(0)),
             }),
         }
     };
@@ -103,7 +104,7 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
         }),
         node_selector: (!producer.node_selector.is_empty()).then(|| producer.node_selector.clone()),
         tolerations: (!producer.tolerations.is_empty()).then(|| producer.tolerations.clone()),
-        topology_spread_constraints: ha.then(|| {
+        topology_spread_constraints: several_replicas(policy).then(|| {
             vec![TopologySpreadConstraint {
                 max_skew: 1,
                 topology_key: "kubernetes.io/hostname".into(),
@@ -135,7 +136,7 @@ pub fn build(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Deploym
 }
 
 /// The producer's command line: its ConfigMap, its three listeners, their TLS, its drain and,
-/// with more than one replica, its Lease (identity: the pod name, from the downward API).
+/// when the replicas elect a leader, its Lease (identity: the pod name, from the downward API).
 pub fn command(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> ProducerCommand {
     let producer = &policy.spec.producer;
     let name = child_name(policy);
@@ -152,7 +153,7 @@ pub fn command(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Produ
         drain_timeout_ms: producer.drain_timeout_ms.map(|_| drain_timeout_ms(policy)),
         epp_transport: tls::epp_transport(policy),
         api_tls: tls::api_tls(policy),
-        lease: highly_available(policy).then(|| LeaseRef {
+        lease: elects_leader(policy).then(|| LeaseRef {
             name: name.clone(),
             namespace: namespace.clone(),
         }),
@@ -261,10 +262,11 @@ mod tests {
     fn runs_the_producer_hardened_on_its_configmap() {
         let deployment = build(&policy(), &ProducerDefaults::default());
         let spec = deployment.spec;
-        assert_eq!(
-            spec.strategy.unwrap().type_.as_deref(),
-            Some("RollingUpdate")
-        );
+        let strategy = spec.strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        // The new pod is Ready before the old one stops.
+        let rolling = strategy.rolling_update.unwrap();
+        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
         let pod = spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("rl-producer"));
         assert!(pod.topology_spread_constraints.is_none());
@@ -396,6 +398,33 @@ mod tests {
                 .field_path,
             "metadata.name"
         );
+    }
+
+    #[test]
+    fn active_active_replicas_all_serve_roll_one_at_a_time_and_spread() {
+        let deployment = build(
+            &policy_with(json!({"replicas": 3, "ha": "activeActive"})),
+            &ProducerDefaults::default(),
+        );
+        let spec = deployment.spec;
+        assert_eq!(spec.replicas, Some(3));
+        let strategy = spec.strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        let rolling = strategy.rolling_update.unwrap();
+        assert_eq!(
+            (rolling.max_surge, rolling.max_unavailable),
+            (Some(IntOrString::Int(1)), Some(IntOrString::Int(0)))
+        );
+        let pod = spec.template.spec.unwrap();
+        let spread = &pod.topology_spread_constraints.unwrap()[0];
+        assert_eq!(spread.topology_key, "kubernetes.io/hostname");
+        let args = pod.containers[0].args.clone().unwrap().join(" ");
+        assert!(
+            !args.contains("--leader-elect") && !args.contains("--lease"),
+            "{args}"
+        );
+        // The same drain as any producer: a rolled pod lets what it carries finish.
+        assert_eq!(pod.termination_grace_period_seconds, Some(136));
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod tokenizer;
 
 use std::collections::BTreeMap;
 
-use burst_prefix_api::policy::BurstPrefixPolicy;
+use burst_prefix_api::policy::{BurstPrefixPolicy, HaMode};
 use burst_prefix_api::Endpoint;
 use burst_prefix_runtime::logging::LogFormat;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -88,9 +88,9 @@ pub fn default_resources() -> ResourceRequirements {
     }
 }
 
-/// Everything one policy owns, named `<policy>-producer`. The Lease and the
-/// PodDisruptionBudget exist only with more than one producer replica, the NetworkPolicy only
-/// when the operator is given one.
+/// Everything one policy owns, named `<policy>-producer`. The PodDisruptionBudget exists only
+/// with more than one producer replica, the Lease only when they elect a leader, the
+/// NetworkPolicy only when the operator is given one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Desired {
     pub config_map: ConfigMap,
@@ -120,9 +120,17 @@ pub fn producer_url(policy: &BurstPrefixPolicy) -> String {
     )
 }
 
-/// Whether the producers elect a leader (more than one replica).
-pub fn highly_available(policy: &BurstPrefixPolicy) -> bool {
+/// Whether more than one producer replica runs: they spread across nodes and get a
+/// PodDisruptionBudget, in either `ha` mode.
+pub fn several_replicas(policy: &BurstPrefixPolicy) -> bool {
     policy.spec.producer.replicas > 1
+}
+
+/// Whether the producers elect a leader with their Lease: several replicas in `ha:
+/// leaderElection`. With `activeActive` every replica serves, and no Lease is rendered (one
+/// left from a former leaderElection policy is pruned like any child no longer desired).
+pub fn elects_leader(policy: &BurstPrefixPolicy) -> bool {
+    several_replicas(policy) && policy.spec.producer.ha == HaMode::LeaderElection
 }
 
 /// The port the producer binds for the engines' KV events (`engines.kvEvents.bind`), which its
@@ -155,9 +163,9 @@ pub fn desired(
         service_account: service_account::build(policy),
         role: role::build(policy),
         role_binding: role_binding::build(policy),
-        lease: highly_available(policy).then(|| lease::build(policy)),
+        lease: elects_leader(policy).then(|| lease::build(policy)),
         service: service::build(policy),
-        pod_disruption_budget: highly_available(policy)
+        pod_disruption_budget: several_replicas(policy)
             .then(|| pod_disruption_budget::build(policy)),
         network_policy: defaults
             .network_policy
@@ -291,6 +299,21 @@ pub(crate) mod tests {
         assert!(desired.pod_disruption_budget.is_none());
         assert!(desired.network_policy.is_none(), "not asked for");
         assert_eq!(producer_url(&policy()), "http://rl-producer.ml.svc:8081");
+    }
+
+    #[test]
+    fn active_active_replicas_have_a_disruption_budget_and_no_lease() {
+        let desired = desired(
+            &policy_with(json!({"replicas": 3, "ha": "activeActive"})),
+            vec![],
+            &LabelSelector::default(),
+            &ProducerDefaults::default(),
+        );
+        assert!(desired.lease.is_none());
+        assert!(desired.pod_disruption_budget.is_some());
+        // A single replica elects nobody, whatever the mode says.
+        let single = policy_with(json!({"replicas": 1, "ha": "leaderElection"}));
+        assert!(!elects_leader(&single) && !several_replicas(&single));
     }
 
     #[test]

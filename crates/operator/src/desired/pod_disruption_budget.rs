@@ -1,7 +1,9 @@
-//! With more than one producer replica, a drain takes at most one at a time. Only the leader is
-//! Ready (docs/behaviour.md §10), so the followers are "unhealthy" to the budget: `AlwaysAllow`
-//! lets them be evicted whenever, and the budget then protects the leader while no follower is
-//! Ready.
+//! With more than one producer replica, a drain takes at most one at a time. With `ha:
+//! activeActive` every replica is Ready, so the budget keeps all but one of them serving
+//! through a drain. With `leaderElection` only the leader is Ready (docs/behaviour.md §10), so
+//! the followers are "unhealthy" to the budget: `AlwaysAllow` lets them be evicted whenever,
+//! and the budget then protects the leader while no follower is Ready. In both modes a pod that
+//! is not Ready (starting, or waiting for the engines) never blocks a drain.
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};

@@ -1,11 +1,12 @@
-//! What the producer may do: read its own ConfigMap; with more than one replica, also hold its
-//! own Lease (which the operator creates, so no `create`: RBAC cannot limit `create` to a name).
+//! What the producer may do: read its own ConfigMap; when the replicas elect a leader, also hold
+//! their own Lease (which the operator creates, so no `create`: RBAC cannot limit `create` to a
+//! name).
 
 use burst_prefix_api::policy::BurstPrefixPolicy;
 use burst_prefix_runtime::leader::LEASE_VERBS;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 
-use super::{child_name, highly_available, metadata};
+use super::{child_name, elects_leader, metadata};
 
 pub fn build(policy: &BurstPrefixPolicy) -> Role {
     let name = child_name(policy);
@@ -17,7 +18,7 @@ pub fn build(policy: &BurstPrefixPolicy) -> Role {
         ..PolicyRule::default()
     };
     let mut rules = vec![rule("", "configmaps", &["get", "list", "watch"])];
-    if highly_available(policy) {
+    if elects_leader(policy) {
         rules.push(rule("coordination.k8s.io", "leases", LEASE_VERBS));
     }
     Role {
@@ -42,6 +43,15 @@ mod tests {
             Some(vec!["rl-producer".to_string()])
         );
         assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    }
+
+    #[test]
+    fn active_active_replicas_may_only_read_their_configmap() {
+        let rules = build(&policy_with(json!({"replicas": 3, "ha": "activeActive"})))
+            .rules
+            .unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources, Some(vec!["configmaps".to_string()]));
     }
 
     #[test]

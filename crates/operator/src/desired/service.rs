@@ -5,8 +5,9 @@
 //! ([`super::tls`]).
 //!
 //! The event port is a plain TCP port behind the Service: each engine's connection reaches the
-//! one producer pod the Service picked when it connected, a Ready one, so with several producer
-//! replicas the leader of that moment (docs/behaviour.md §10). Every producer replica hears
+//! one producer pod the Service picked when it connected, a Ready one: with several producer
+//! replicas the leader of that moment (`ha: leaderElection`), or any one of them
+//! (`activeActive`), so each hears only some engines (docs/behaviour.md §10). Every replica hears
 //! every engine only when the producers connect to the engines (`kvEvents.connectPort`), which
 //! needs nothing here.
 
