@@ -588,6 +588,8 @@ impl PlannerConfig {
             output_tokens: u32::try_from(self.time.output_tokens)
                 .unwrap_or(u32::MAX)
                 .max(1),
+            // A process setting, not the config's (`serve --active-active`).
+            agree_with_peers: false,
         }
     }
 

@@ -5,6 +5,7 @@
 //! one is rejected, logged and counted, and the last good config stays. The window snapshots
 //! [`ConfigStore::current`] when it opens, so a change applies from the next window.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -115,6 +116,9 @@ pub struct ConfigStore {
     origin: ConfigOrigin,
     current: RwLock<Option<Arc<Snapshot>>>,
     metrics: Arc<Metrics>,
+    /// Other producers share this one's traffic (`serve --active-active`): every config's
+    /// plan then agrees with theirs (`PlanParams::agree_with_peers`).
+    beside_peers: AtomicBool,
 }
 
 impl ConfigStore {
@@ -124,6 +128,26 @@ impl ConfigStore {
             origin,
             current: RwLock::new(None),
             metrics,
+            beside_peers: AtomicBool::new(false),
+        }
+    }
+
+    /// Says that other producers share this one's traffic (active-active, docs/behaviour.md
+    /// §10): the config in force and every later one plan so as to agree with theirs.
+    pub fn set_beside_peers(&self, beside_peers: bool) {
+        self.beside_peers.store(beside_peers, Ordering::Relaxed);
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(snapshot) = current.as_ref() {
+            let mut settings = snapshot.settings;
+            settings.plan.agree_with_peers = beside_peers;
+            *current = Some(Arc::new(Snapshot {
+                config: snapshot.config.clone(),
+                generation: snapshot.generation,
+                settings,
+            }));
         }
     }
 
@@ -196,7 +220,9 @@ impl ConfigStore {
         let endpoints = config.endpoints.len();
         let ids: std::collections::HashSet<String> =
             config.endpoints.iter().map(|e| e.id.clone()).collect();
-        *current = Some(Arc::new(Snapshot::new(config, generation)));
+        let mut snapshot = Snapshot::new(config, generation);
+        snapshot.settings.plan.agree_with_peers = self.beside_peers.load(Ordering::Relaxed);
+        *current = Some(Arc::new(snapshot));
         drop(current);
         self.metrics.config_reload(true);
         self.metrics.retain_endpoints(&|id| ids.contains(id));
@@ -230,6 +256,21 @@ mod tests {
         text.lines().any(|line| {
             line == format!("burst_prefix_config_reloads_total{{result=\"{result}\"}} 1")
         })
+    }
+
+    #[test]
+    fn beside_peers_every_config_plans_to_agree_with_them() {
+        let (store, _) = store();
+        let agrees = |store: &ConfigStore| store.current().unwrap().settings.plan.agree_with_peers;
+        store.apply_text("endpoints: []\n").unwrap();
+        assert!(!agrees(&store), "alone by default");
+        store.set_beside_peers(true);
+        assert!(agrees(&store), "the config in force");
+        assert_eq!(store.current().unwrap().generation, 1, "not a new config");
+        store
+            .apply_text("endpoints:\n  - {id: a, address: '10.0.0.1:8000'}\n")
+            .unwrap();
+        assert!(agrees(&store), "and the next");
     }
 
     #[test]

@@ -41,12 +41,14 @@ pub fn config(planner_yaml: &str, replicas: &[String]) -> String {
 
 impl Producer {
     /// Starts `binary` with `planner_yaml` and the `replicas`, and waits until `/readyz`; its
-    /// config and log are `<name>.yaml` and `<name>.log` in `dir`.
+    /// config and log are `<name>.yaml` and `<name>.log` in `dir`. `beside_peers`: one of
+    /// several side by side (`serve --active-active`).
     pub async fn start(
         binary: &Path,
         planner_yaml: &str,
         replicas: &[String],
         (dir, name): (&Path, &str),
+        beside_peers: bool,
         client: &reqwest::Client,
     ) -> anyhow::Result<Producer> {
         let config_path: PathBuf = dir.join(format!("{name}.yaml"));
@@ -65,6 +67,9 @@ impl Producer {
             .args(["--epp-listen", &format!("127.0.0.1:{epp_port}")])
             .arg("--epp-plaintext")
             .env("RUST_LOG", "warn");
+        if beside_peers {
+            command.arg("--active-active");
+        }
         let mut process = Process::start(command, &dir.join(format!("{name}.log")))?;
         let ready = format!("http://127.0.0.1:{admin_port}/readyz");
         wait_healthy(&mut process, &ready, client, Duration::from_secs(60))

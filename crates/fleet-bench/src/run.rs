@@ -108,6 +108,7 @@ impl Front {
                     planner_yaml,
                     workers,
                     (dir, "producer"),
+                    false,
                     client,
                 )
                 .await?,
@@ -121,6 +122,7 @@ impl Front {
                         planner_yaml,
                         workers,
                         (dir, &name),
+                        true,
                         client,
                     )
                     .await;

@@ -4,7 +4,9 @@
 //! of what the engines report) still do, as long as the replica they would agree on is within
 //! a small slack of both cheapest.
 //!
-//! The rule, for a prompt no replica holds whole, applied after the time cost (`crate::cost`)
+//! The rule, for a prompt no replica holds whole when the producer runs beside others
+//! (`PlanParams::agree_with_peers`; alone, the cheapest replica is the better choice), applied
+//! after the time cost (`crate::cost`)
 //! has priced every allowed replica: among the replicas costing at most the cheapest plus
 //! [`slack`], the highest rendezvous score of the prompt with the replica's id
 //! (highest-random-weight hashing: the same prompt ranks the replicas the same way in every

@@ -26,10 +26,11 @@
 //! request goes where it is answered first, from each replica's pace (set with
 //! [`InFlight::set_replicas`] and [`InFlight::set_pace`]: its speed, and what its engine says it
 //! runs) and this producer's own placements in flight: their count, and the prompt tokens they
-//! have yet to prefill (each counted until its predicted first token). A prompt no replica
-//! holds whole goes, among the replicas within a slack of the cheapest, to the first of its own
-//! rendezvous ranking (`crate::agree`), so that producers placing the same burst side by side
-//! agree; its later copies follow it by the cost alone. `group_size` books no seats.
+//! have yet to prefill (each counted until its predicted first token). Beside other producers
+//! (`PlanParams::agree_with_peers`), a prompt no replica holds whole goes, among the replicas
+//! within a slack of the cheapest, to the first of its own rendezvous ranking (`crate::agree`),
+//! so that producers placing the same burst side by side agree; its later copies follow it by
+//! the cost alone. `group_size` books no seats.
 //!
 //! Cost per request: the holders of the blocks walked (each visited once, as in the spec's walk)
 //! and an ordered index of the replicas by load, never a scan of every replica; in time mode,
@@ -886,9 +887,9 @@ impl InFlight {
         f64::from(held) * f64::from(params.block_tokens)
     }
 
-    /// Time mode: the allowed replica where the request is answered first (`crate::cost`), or
-    /// one the cost accepts that other producers would choose too (`crate::agree`), among those
-    /// holding fewer than k of its group while any does.
+    /// Time mode: the allowed replica where the request is answered first (`crate::cost`), or,
+    /// beside other producers, one the cost accepts that they would choose too
+    /// (`crate::agree`), among those holding fewer than k of its group while any does.
     fn cheapest(
         &self,
         arrival: &Arrival<'_>,
@@ -911,8 +912,8 @@ impl InFlight {
                 .allowed_replicas
                 .is_none_or(|allowed| allowed.contains(&(replica as usize)))
         };
-        // Every allowed replica priced; a prompt no replica holds whole goes to the one
-        // producers agree on (`crate::agree`), one a replica holds to the cheapest.
+        // Every allowed replica priced; beside other producers, a prompt no replica holds whole
+        // goes to the one they all would choose (`crate::agree`); otherwise the cheapest.
         let prompt_tokens = arrival.blocks.len() as f64 * f64::from(params.block_tokens);
         let best = |skip_full: bool| {
             let mut held_whole = false;
@@ -931,7 +932,7 @@ impl InFlight {
                 .collect();
             let cheapest = agree::cheapest(&priced, |r| self.replicas[r].rank)?;
             let chosen = match arrival.blocks.last() {
-                Some(&prompt) if !held_whole => {
+                Some(&prompt) if params.agree_with_peers && !held_whole => {
                     let speed = self.replicas[cheapest].pace.speed;
                     agree::choose(&priced, prompt, agree::slack(&speed, prompt_tokens))
                 }

@@ -240,6 +240,14 @@ fn distinct_prompts_on_idle_replicas_spread() {
     assert_ne!(placed[0], placed[1], "{placed:?}");
 }
 
+/// The time cost's params of a producer beside others (active-active).
+fn beside_peers() -> PlanParams {
+    PlanParams {
+        agree_with_peers: true,
+        ..params()
+    }
+}
+
 /// `step` sent to `producers` placers in turn (a round-robin front), each knowing only its
 /// own placements.
 fn side_by_side(
@@ -263,7 +271,7 @@ fn side_by_side(
                 group_size: None,
             };
             placers[i % producers]
-                .place(&arrival, &params(), None, 0)
+                .place(&arrival, &beside_peers(), None, 0)
                 .replica
         })
         .collect()
@@ -298,6 +306,8 @@ fn producers_side_by_side_keep_each_prompts_samples_together() {
     // where one producer puts them. Two prompts with one first choice may split (each
     // producer that placed one of them first finds that replica busy for the other).
     let three = side_by_side(3, &step, &replicas);
+    let one = side_by_side(1, &step, &replicas);
+    assert_eq!(spread(&step, &one), vec![1; 8]);
     // Per prompt (step[i] is prompt i % 8), the replicas its samples went to.
     let on = |placed: &[Option<usize>], p: usize| {
         let mut on: Vec<usize> = (p..placed.len())
@@ -310,21 +320,25 @@ fn producers_side_by_side_keep_each_prompts_samples_together() {
     };
     for p in 0..8 {
         if unique(p) {
-            assert_eq!(on(&three, p), on(&alone, p), "prompt {p}: {three:?}");
+            assert_eq!(on(&three, p), on(&one, p), "prompt {p}: {three:?}");
         } else {
             assert!(on(&three, p).len() <= 2, "prompt {p}: {three:?}");
         }
     }
     let spread_three: Vec<usize> = (0..8).map(|p| on(&three, p).len()).collect();
     // Each producer plans its own window of what it is sent, and they agree the same way.
+    let agreeing_window = |prompts: &[Vec<BlockHash>]| {
+        let mut memory = memory(1_000_000, 0);
+        assign_with_memory(&batch(prompts), &replicas, &beside_peers(), &mut memory, 0)
+    };
     let windows: Vec<Vec<Option<usize>>> = (0..3)
         .map(|w| {
             let mine: Vec<Vec<BlockHash>> = step.iter().skip(w).step_by(3).cloned().collect();
-            window(&mine, &replicas).assignments
+            agreeing_window(&mine).assignments
         })
         .collect();
     let in_windows: Vec<Option<usize>> = (0..step.len()).map(|i| windows[i % 3][i / 3]).collect();
-    let one_window = window(&step, &replicas).assignments;
+    let one_window = agreeing_window(&step).assignments;
     for p in (0..8).filter(|&p| unique(p)) {
         assert_eq!(
             on(&in_windows, p),

@@ -8,6 +8,8 @@ pub const LOG_FORMAT: &str = "log-format";
 /// `--log-level FILTER` ([`crate::logging::LogArgs`]).
 pub const LOG_LEVEL: &str = "log-level";
 
+/// `serve --active-active`: other producers serve the same traffic side by side.
+pub const ACTIVE_ACTIVE: &str = "active-active";
 /// `--leader-elect` ([`crate::leader::LeaderArgs`]).
 pub const LEADER_ELECT: &str = "leader-elect";
 /// `--lease-name NAME`.

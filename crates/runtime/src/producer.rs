@@ -75,6 +75,8 @@ pub struct ProducerCommand {
     pub api_tls: Option<TlsFiles>,
     /// With more than one replica: the Lease; the identity comes from `$POD_NAME`.
     pub lease: Option<LeaseRef>,
+    /// Several replicas serving side by side (`--active-active`).
+    pub active_active: bool,
 }
 
 impl ProducerCommand {
@@ -116,6 +118,9 @@ impl ProducerCommand {
                 flag(flags::TLS_KEY),
                 files.key.clone(),
             ]);
+        }
+        if self.active_active {
+            args.push(flag(flags::ACTIVE_ACTIVE));
         }
         if let Some(lease) = &self.lease {
             args.extend([
@@ -173,6 +178,7 @@ mod tests {
             epp_transport: EppTransport::SelfSignedTls,
             api_tls: None,
             lease: None,
+            active_active: false,
         }
     }
 

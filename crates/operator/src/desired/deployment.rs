@@ -29,8 +29,8 @@ use kube::ResourceExt;
 
 use super::service::{EPP, HTTP, KV_EVENTS, METRICS};
 use super::{
-    child_name, elects_leader, kv_events_port, labels, metadata, selector_labels, several_replicas,
-    tls, tokenizer, ProducerDefaults,
+    child_name, elects_leader, kv_events_port, labels, metadata, selector_labels,
+    serves_beside_peers, several_replicas, tls, tokenizer, ProducerDefaults,
 };
 
 /// The distroless nonroot user of the producer image.
@@ -157,6 +157,7 @@ pub fn command(policy: &BurstPrefixPolicy, defaults: &ProducerDefaults) -> Produ
             name: name.clone(),
             namespace: namespace.clone(),
         }),
+        active_active: serves_beside_peers(policy),
     }
 }
 
@@ -423,6 +424,18 @@ mod tests {
             !args.contains("--leader-elect") && !args.contains("--lease"),
             "{args}"
         );
+        // Each plans to agree with the others.
+        assert!(args.ends_with("--active-active"), "{args}");
+        // One replica has no peers, whatever the mode.
+        let alone = build(
+            &policy_with(json!({"replicas": 1, "ha": "activeActive"})),
+            &ProducerDefaults::default(),
+        );
+        let alone = alone.spec.template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert!(!alone.contains(&"--active-active".to_string()), "{alone:?}");
         // The same drain as any producer: a rolled pod lets what it carries finish.
         assert_eq!(pod.termination_grace_period_seconds, Some(136));
     }

@@ -133,6 +133,12 @@ pub fn elects_leader(policy: &BurstPrefixPolicy) -> bool {
     several_replicas(policy) && policy.spec.producer.ha == HaMode::LeaderElection
 }
 
+/// Whether several producers serve side by side (`ha: activeActive` with more than one
+/// replica): each then plans to agree with the others (`serve --active-active`).
+pub fn serves_beside_peers(policy: &BurstPrefixPolicy) -> bool {
+    several_replicas(policy) && policy.spec.producer.ha == HaMode::ActiveActive
+}
+
 /// The port the producer binds for the engines' KV events (`engines.kvEvents.bind`), which its
 /// container, Service and NetworkPolicy open; `None` without a bind (or with one the
 /// validation refuses).

@@ -30,10 +30,15 @@ pub struct PlanParams {
     pub block_tokens: u32,
     /// The answer length the time cost expects of a request, in tokens.
     pub output_tokens: u32,
+    /// Other producers share this one's traffic (active-active): in time mode, a prompt no
+    /// replica holds whole goes where they would all put it (`crate::agree`) rather than to
+    /// the cheapest replica.
+    pub agree_with_peers: bool,
 }
 
 impl Default for PlanParams {
-    /// The config's defaults: unlimited k, N = 0, requests, 64-token blocks, 256-token answers.
+    /// The config's defaults: unlimited k, N = 0, requests, 64-token blocks, 256-token answers,
+    /// no peers.
     fn default() -> Self {
         PlanParams {
             max_per_replica: None,
@@ -41,6 +46,7 @@ impl Default for PlanParams {
             balance_by: BalanceBy::Requests,
             block_tokens: 64,
             output_tokens: 256,
+            agree_with_peers: false,
         }
     }
 }

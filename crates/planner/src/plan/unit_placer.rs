@@ -293,9 +293,9 @@ impl<'a> UnitPlacer<'a> {
     }
 
     /// Time mode: the replica where one more member of `unit` is answered first, among those
-    /// under k for the unit (all of them while overflowing); ties by step 6's order. While no
-    /// replica holds the whole unit, the one producers agree on among those within the slack
-    /// of the cheapest (`crate::agree`). The replicas holding none of it are read by load,
+    /// under k for the unit (all of them while overflowing); ties by step 6's order. Beside
+    /// other producers, while no replica holds the whole unit, the one they all would choose
+    /// among those within the slack of the cheapest (`crate::agree`). The replicas holding none of it are read by load,
     /// stopping once no further one can win.
     fn cheapest(&self, unit: &Unit<'_>) -> Option<usize> {
         let blocks = unit.blocks.len();
@@ -349,7 +349,8 @@ impl<'a> UnitPlacer<'a> {
             .matched()
             .iter()
             .any(|&r| self.matches.of(r) >= blocks);
-        let Some(&prompt) = unit.blocks.last().filter(|_| !held_whole) else {
+        let agree = self.params.agree_with_peers && !held_whole;
+        let Some(&prompt) = unit.blocks.last().filter(|_| agree) else {
             return Some(replica);
         };
         let slack = agree::slack(&self.paces[replica].speed, prompt_tokens);

@@ -105,6 +105,19 @@ pub struct ServeArgs {
     pub connections: ConnectionArgs,
     #[command(flatten)]
     pub proxy: ProxyArgs,
+    /// Other producers serve the same traffic side by side, each request to any of them
+    /// (`spec.producer.ha: activeActive`, which the operator renders as this flag): in time
+    /// mode a prompt no replica holds yet goes to the replica every producer would choose (its
+    /// rendezvous ranking among the replicas the time cost accepts, docs/behaviour.md §4)
+    /// rather than the cheapest by this producer's own view. Off for a lone producer or a
+    /// leader.
+    #[arg(
+        long = flags::ACTIVE_ACTIVE,
+        env = "BURST_PREFIX_ACTIVE_ACTIVE",
+        conflicts_with = "leader_elect",
+        help_heading = "High availability"
+    )]
+    pub active_active: bool,
     /// Several producer replicas of one policy elect a leader with a Lease: only the
     /// leader is ready and plans windows; followers keep their config current and take over
     /// when the Lease lapses. The Lease must exist (the operator creates it).
@@ -369,11 +382,13 @@ mod tests {
                 name: "rl-producer".into(),
                 namespace: "ml".into(),
             }),
+            active_active: false,
         };
         for lease in [true, false] {
             if !lease {
-                // The other shapes: the defaults, and plaintext.
+                // The other shapes: the defaults, plaintext, and side by side.
                 command.lease = None;
+                command.active_active = true;
                 command.drain_timeout_ms = None;
                 command.epp_transport = EppTransport::Plaintext;
                 command.api_tls = None;
@@ -388,6 +403,7 @@ mod tests {
             );
             assert_eq!(serve.epp_listen.port(), 9002);
             assert_eq!(serve.leader.leader_elect, lease);
+            assert_eq!(serve.active_active, !lease);
             if lease {
                 assert_eq!(serve.leader.lease_name.as_deref(), Some("rl-producer"));
                 assert_eq!(serve.leader.lease_namespace, "ml");

@@ -44,6 +44,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let shutdown = signals::ShutdownSignals::install()?;
     let source = args.source();
     let producer = Producer::new(source.origin(), args.limits());
+    producer.config_store().set_beside_peers(args.active_active);
     source.start(producer.config_store().clone()).await?;
     // Held to the end: dropping it releases the Lease, so a follower takes over at once.
     let leadership = match args.leader.leader_elect {
