@@ -312,6 +312,13 @@ steady_load() {
 steady_load &
 load_pid=$!
 sleep 3
+# Each old producer's log to its end: what it had in flight when the roll stopped it, and how
+# long its drain took.
+drain_log_pids=()
+for pod in $before_roll; do
+    k logs -f -n "$app_ns" "$pod" >"$roll/$pod.log" 2>&1 &
+    drain_log_pids+=($!)
+done
 roll_start="$(date +%s.%N)"
 "$helm" upgrade "$release" charts/burst-prefix --namespace "$system_ns" --reuse-values \
     --set producer.image.repository="$(repository "$PRODUCER_IMAGE_NEXT")" \
@@ -345,9 +352,17 @@ sleep 3
 kill -TERM "$load_pid"
 wait "$load_pid" || true
 after_roll="$(k get pods -n "$app_ns" -l "$selector" -o jsonpath='{.items[*].metadata.name}')"
+# The old pods are gone, so their logs have ended; a follower still running is stopped.
+for pid in "${drain_log_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+wait "${drain_log_pids[@]}" 2>/dev/null || true
+drains=""
 for pod in $before_roll; do
     [[ " $after_roll " != *" $pod "* ]] || die "the producer pod $pod was not replaced by the roll"
+    drains+="$pod: $({ jq -rR 'fromjson? | select(.message? // "" | startswith("draining") or startswith("drained") or startswith("requests still in flight"))
+        | if .message | startswith("draining") then "\(.in_flight) in flight at SIGTERM" else "\(.message | split(":")[0]) after \(.seconds // "?")s" end' \
+        "$roll/$pod.log" 2>/dev/null || true; } | paste -sd, -); "
 done
+log "the old producers' drains: $drains"
 roll_seconds="$(awk -v a="$roll_start" -v b="$roll_end" 'BEGIN { printf "%.1f", b - a }')"
 # Every request by when it started: before the upgrade, during the roll, after it.
 read -r sent before during after failed <<<"$(awk -v a="$roll_start" -v b="$roll_end" '
