@@ -1,9 +1,11 @@
 //! End to end on a real node (`make e2e-node`, run by `make test`): the images of `make images`
 //! imported into the node's containerd, then the steps of tests/e2e/steps.sh (the chart
 //! installed, the operator in-cluster, stub inference pods and a policy, bursts to the
-//! producer's Service, the producer pod replaced, the stub pods scaled, the producers'
+//! producer's Service, the producer pod replaced, the stub pods scaled, two active-active
+//! producers rolled to a new image by `helm upgrade` under a steady load, the producers'
 //! NetworkPolicy turned on and probed from two namespaces, the chart uninstalled), the same steps
-//! tests/e2e/kind.sh runs on kind.
+//! tests/e2e/kind.sh runs on kind. The "new image" is the producer image under a second tag
+//! ([`ROLL_TAG_SUFFIX`]), given in the node's containerd: nothing is pulled.
 //!
 //! `harness = false`: the process must enter its own network and mount namespaces before any
 //! thread exists (see burst_prefix_test_support::node), which libtest's runner does not allow.
@@ -16,6 +18,8 @@ use std::time::Instant;
 use burst_prefix_test_support::{node, Node, NodeOptions};
 
 const NAME: &str = "e2e_node";
+/// Appended to the producer image's tag to name the image the producers are rolled to.
+const ROLL_TAG_SUFFIX: &str = "-roll";
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()
@@ -69,6 +73,10 @@ fn run() -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
 
+    let producer_next = format!("{}{ROLL_TAG_SUFFIX}", images.producer);
+    node.tag_image(&images.producer, &producer_next)
+        .map_err(|e| format!("tagging the producer image: {e}"))?;
+
     let control_plane = node.control_plane();
     let bin = control_plane.binaries().dir();
     let work = node.dir().join("e2e");
@@ -85,6 +93,7 @@ fn run() -> Result<(), String> {
         .env("E2E_WORK", &work)
         .env("OPERATOR_IMAGE", &images.operator)
         .env("PRODUCER_IMAGE", &images.producer)
+        .env("PRODUCER_IMAGE_NEXT", &producer_next)
         .env("STUB_IMAGE", &images.stub_engine)
         // The node's pod network is the CNI bridge plugin, and nothing on the node enforces
         // NetworkPolicy: steps.sh checks that a pod the producer's NetworkPolicy does not admit

@@ -46,9 +46,13 @@ for image in "${images[@]}"; do
     log "building $image"
     docker build -f "Dockerfile.$name" --build-arg "VERSION=$version" -t "$image" .
 done
-kind load docker-image --name "$cluster" "${images[@]}"
+# The producer image under a second tag: what the steps roll the producers to (nothing is pulled).
+producer_next="${images[1]}-roll"
+docker tag "${images[1]}" "$producer_next"
+kind load docker-image --name "$cluster" "${images[@]}" "$producer_next"
 
 # kind's kindnetd enforces NetworkPolicy since kind v0.24.0 (kubernetes-sigs/kind#842).
 KUBECONFIG="$work/kubeconfig" E2E_WORK="$work" E2E_NETWORK_POLICY_ENFORCED=true \
-    OPERATOR_IMAGE="${images[0]}" PRODUCER_IMAGE="${images[1]}" STUB_IMAGE="${images[2]}" \
+    OPERATOR_IMAGE="${images[0]}" PRODUCER_IMAGE="${images[1]}" PRODUCER_IMAGE_NEXT="$producer_next" \
+    STUB_IMAGE="${images[2]}" \
     tests/e2e/steps.sh

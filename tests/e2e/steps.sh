@@ -12,17 +12,24 @@
 # 4. Delete the producer pod: the Deployment replaces it, the new one reads its ConfigMap with
 #    its own ServiceAccount token and plans the next burst on the current pods. Scale the stub
 #    pods 3 -> 4: the new one becomes an endpoint, in the ConfigMap and in the producer.
-# 5. helm upgrade with producer.networkPolicy.enabled: the operator makes the producer's
-#    NetworkPolicy, which selects the producer pod and opens its ports to the policy's namespace
+# 5. The policy switched to 2 active-active producers (both Ready), then, under a steady load
+#    (a completion every 150 ms through the Service), helm upgrade to a new producer image: the
+#    operator rolls every producer (surge 1, none unavailable). Every request gets 200, some are
+#    sent during the roll, and a producer pod and a Service endpoint are Ready at every sample.
+# 6. helm upgrade with producer.networkPolicy.enabled: the operator makes the producer's
+#    NetworkPolicy, which selects the producer pods and opens its ports to the policy's namespace
 #    only. Probe pods (the producer image as a one-endpoint proxy) in the policy's namespace and
 #    in another send a request to the producer pod's API port: the first must get through; the
 #    second must be dropped where the network plugin enforces NetworkPolicy, and gets through
 #    where it does not (the CNI bridge plugin of the test harness's node): the caller says which
 #    to expect, and the step fails when the cluster does otherwise.
-# 6. helm uninstall, then delete the policy's namespaces: only the CRD is left.
+# 7. helm uninstall, then delete the policy's namespaces: only the CRD is left.
 #
 # Environment (all required but the last three):
 #   OPERATOR_IMAGE, PRODUCER_IMAGE, STUB_IMAGE   image references, already on the cluster's nodes
+#   PRODUCER_IMAGE_NEXT                           a second reference to a producer image on the
+#                                                 nodes (the same image under another tag will
+#                                                 do): what step 5 rolls the producers to
 #   E2E_NETWORK_POLICY_ENFORCED                   true or false: whether the cluster's network
 #                                                 plugin enforces NetworkPolicy
 #   KUBECTL, HELM                                 the clients (default: kubectl, helm)
@@ -31,7 +38,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-: "${OPERATOR_IMAGE:?}" "${PRODUCER_IMAGE:?}" "${STUB_IMAGE:?}" "${E2E_NETWORK_POLICY_ENFORCED:?}"
+: "${OPERATOR_IMAGE:?}" "${PRODUCER_IMAGE:?}" "${PRODUCER_IMAGE_NEXT:?}" "${STUB_IMAGE:?}" "${E2E_NETWORK_POLICY_ENFORCED:?}"
 [[ "$E2E_NETWORK_POLICY_ENFORCED" == true || "$E2E_NETWORK_POLICY_ENFORCED" == false ]] ||
     { echo "E2E_NETWORK_POLICY_ENFORCED must be true or false" >&2; exit 2; }
 kubectl="${KUBECTL:-kubectl}"
@@ -259,8 +266,124 @@ restarts="$(k get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.
     grep -E "^($system_ns|$app_ns)/" | awk '{ for (i = 2; i <= NF; i++) if ($i != 0) print $1 }')"
 [[ -z "$restarts" ]] || die "containers restarted: $restarts"
 
-# --- 5. the producer's NetworkPolicy --------------------------------------------------------------
-log "5. helm upgrade --set producer.networkPolicy.enabled=true"
+# --- 5. a rolling upgrade of active-active producers under a steady load ---------------------------
+# Two producers that both serve (ha: activeActive), then `helm upgrade` to a new producer image
+# (the same image under a second name, already on the nodes): the operator rolls every producer
+# (surge 1, none unavailable) while a steady load of completions goes through the Service.
+log "5. two active-active producers, then helm upgrade to $PRODUCER_IMAGE_NEXT under a steady load"
+k patch bpp -n "$app_ns" vllm --type merge -p '{"spec": {"producer": {"replicas": 2, "ha": "activeActive"}}}'
+# producers_settled <image>: exactly 2 producer pods, none terminating, all running <image>, all Ready.
+producers_settled() {
+    k get pods -n "$app_ns" -l "$selector" -o json | jq -e --arg image "$1" '
+        (.items | length) == 2 and all(.items[];
+            .metadata.deletionTimestamp == null and .spec.containers[0].image == $image
+            and any(.status.conditions[]?; .type == "Ready" and .status == "True"))' >/dev/null
+}
+eventually 180 "the 2 active-active producers on $PRODUCER_IMAGE did not become Ready" producers_settled "$PRODUCER_IMAGE"
+before_roll="$(k get pods -n "$app_ns" -l "$selector" -o jsonpath='{.items[*].metadata.name}')"
+log "2 producers Ready: $before_roll"
+eventually 30 "the producers' Service does not answer" producer_answers
+
+# The load: one completion every 150 ms, each in the background with a 15 s timeout, for at most
+# $load_max requests or $load_seconds; SIGTERM stops it from sending more, and it waits for the
+# ones in flight. Each request appends "<n> <start> <end> <HTTP status>" to statuses.txt.
+roll="$work/roll"
+mkdir -p "$roll"
+load_max=2000
+load_seconds=300
+steady_load() {
+    local stopping="" n=0 deadline=$((SECONDS + load_seconds))
+    trap 'stopping=1' TERM
+    while [[ -z "$stopping" ]] && ((n < load_max && SECONDS < deadline)); do
+        n=$((n + 1))
+        (
+            start="$(date +%s.%N)"
+            status="$(curl -s -m 15 -o "$roll/answer-$n" -w '%{http_code}' -X POST \
+                -H 'content-type: application/json' \
+                -d "{\"model\": \"stub\", \"prompt\": \"rolling upgrade request $n\", \"max_tokens\": 4}" \
+                "$service_url/v1/completions")" || true
+            echo "$n $start $(date +%s.%N) $status" >>"$roll/statuses.txt"
+        ) &
+        sleep 0.15
+    done
+    wait
+}
+: >"$roll/statuses.txt"
+steady_load &
+load_pid=$!
+sleep 3
+# Each old producer's log to its end: what it had in flight when the roll stopped it, and how
+# long its drain took.
+drain_log_pids=()
+for pod in $before_roll; do
+    k logs -f -n "$app_ns" "$pod" >"$roll/$pod.log" 2>&1 &
+    drain_log_pids+=($!)
+done
+roll_start="$(date +%s.%N)"
+"$helm" upgrade "$release" charts/burst-prefix --namespace "$system_ns" --reuse-values \
+    --set producer.image.repository="$(repository "$PRODUCER_IMAGE_NEXT")" \
+    --set producer.image.tag="$(tag "$PRODUCER_IMAGE_NEXT")" --wait --timeout 4m >"$roll/helm.log" 2>&1 &
+helm_pid=$!
+# Until every producer runs the new image and is Ready (at most 240 s), once a second: how many
+# producer pods are Ready (and not terminating), and how many of the Service's endpoints are
+# ready; at least one of each at every sample. Each sample is kept in samples.txt.
+samples=0
+roll_deadline=$((SECONDS + 240))
+until producers_settled "$PRODUCER_IMAGE_NEXT"; do
+    ((SECONDS < roll_deadline)) || die "the producers did not roll to $PRODUCER_IMAGE_NEXT within 240s: $(cat "$roll/helm.log")"
+    sample="$(k get pods,endpointslices -n "$app_ns" -o json | jq -r --arg producer "$producer" '
+        [.items[] | select(.kind == "Pod" and (.metadata.name | startswith($producer + "-")))] as $pods
+        | ($pods | map(select(.metadata.deletionTimestamp == null
+            and any(.status.conditions[]?; .type == "Ready" and .status == "True"))) | length) as $ready
+        | ([.items[] | select(.kind == "EndpointSlice"
+            and .metadata.labels["kubernetes.io/service-name"] == $producer)
+            | .endpoints[]? | select(.conditions.ready == true)] | length) as $endpoints
+        | "\($ready) \($endpoints) \($pods | map("\(.metadata.name)=\(.status.podIP // "-")/\(.spec.containers[0].image | split(":") | last)\(if .metadata.deletionTimestamp then "/terminating" else "" end)") | join(" "))"')"
+    echo "$(date +%s.%N) $sample" >>"$roll/samples.txt"
+    samples=$((samples + 1))
+    read -r ready_pods ready_endpoints _ <<<"$sample"
+    ((ready_pods >= 1 && ready_endpoints >= 1)) ||
+        die "during the roll no producer was Ready: $ready_pods Ready pods, $ready_endpoints ready endpoints ($sample)"
+    sleep 1
+done
+roll_end="$(date +%s.%N)"
+wait "$helm_pid" || die "helm upgrade failed: $(cat "$roll/helm.log")"
+sleep 3
+kill -TERM "$load_pid"
+wait "$load_pid" || true
+after_roll="$(k get pods -n "$app_ns" -l "$selector" -o jsonpath='{.items[*].metadata.name}')"
+# The old pods are gone, so their logs have ended; a follower still running is stopped.
+for pid in "${drain_log_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+wait "${drain_log_pids[@]}" 2>/dev/null || true
+drains=""
+for pod in $before_roll; do
+    [[ " $after_roll " != *" $pod "* ]] || die "the producer pod $pod was not replaced by the roll"
+    drains+="$pod: $({ jq -rR 'fromjson? | select(.message? // "" | startswith("draining") or startswith("drained") or startswith("requests still in flight"))
+        | if .message | startswith("draining") then "\(.in_flight) in flight at SIGTERM" else "\(.message | split(":")[0]) after \(.seconds // "?")s" end' \
+        "$roll/$pod.log" 2>/dev/null || true; } | paste -sd, -); "
+done
+log "the old producers' drains: $drains"
+roll_seconds="$(awk -v a="$roll_start" -v b="$roll_end" 'BEGIN { printf "%.1f", b - a }')"
+# Every request by when it started: before the upgrade, during the roll, after it.
+read -r sent before during after failed <<<"$(awk -v a="$roll_start" -v b="$roll_end" '
+    { n++; if ($2 < a) x++; else if ($2 <= b) y++; else z++; if ($4 != 200) f++ }
+    END { print n + 0, x + 0, y + 0, z + 0, f + 0 }' "$roll/statuses.txt")"
+log "the roll took ${roll_seconds}s ($samples samples, each with a Ready producer; now $after_roll); requests: $sent sent, $before before the upgrade, $during during the roll, $after after; $failed failed"
+if ((failed > 0)); then
+    awk '$4 != 200' "$roll/statuses.txt" | while read -r n start end status; do
+        log "request $n (started $start, ended $end): $status $(head -c 400 "$roll/answer-$n" 2>/dev/null)"
+    done
+    log "samples (time, Ready pods, ready endpoints, pods):"
+    cat "$roll/samples.txt" >&2
+    die "$failed of $sent requests failed during a rolling upgrade"
+fi
+((during >= 10)) || die "only $during requests were sent during the roll: it shows nothing"
+restarts="$(k get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {range .status.containerStatuses[*]}{.restartCount} {end}{"\n"}{end}' |
+    grep -E "^($system_ns|$app_ns)/" | awk '{ for (i = 2; i <= NF; i++) if ($i != 0) print $1 }')"
+[[ -z "$restarts" ]] || die "containers restarted: $restarts"
+
+# --- 6. the producer's NetworkPolicy --------------------------------------------------------------
+log "6. helm upgrade --set producer.networkPolicy.enabled=true"
 "$helm" upgrade "$release" charts/burst-prefix --namespace "$system_ns" --reuse-values \
     --set producer.networkPolicy.enabled=true --wait --timeout 4m
 network_policy_made() { k get networkpolicy -n "$app_ns" "$producer" -o json >"$work/networkpolicy.json" 2>/dev/null; }
@@ -271,15 +394,17 @@ deployment_selector="$(k get deployment -n "$app_ns" "$producer" -o json | jq -c
     die "the NetworkPolicy selects $np_selector, the producer Deployment $deployment_selector"
 np_labels="$(jq -r '.spec.podSelector.matchLabels | to_entries | map("\(.key)=\(.value)") | join(",")' "$work/networkpolicy.json")"
 selected="$(k get pods -n "$app_ns" -l "$np_labels" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')"
-[[ "$selected" == "$new_pod" ]] || die "the NetworkPolicy's selector picks '$selected', not the producer pod $new_pod"
+producer_pods="$(k get pods -n "$app_ns" -l "$selector" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')"
+[[ "$(sort <<<"$selected")" == "$(sort <<<"$producer_pods")" ]] ||
+    die "the NetworkPolicy's selector picks '$selected', not the producer pods $producer_pods"
 # The chart's defaults: each port (API 8080, endpoint picker 9002, admin 9090) open to the
 # policy's own namespace, ingress only.
 rules="$(jq -c '[.spec.policyTypes, [.spec.ingress[] | [.ports[].port, .from]]]' "$work/networkpolicy.json")"
 want='[["Ingress"],[[8080,[{"podSelector":{}}]],[9002,[{"podSelector":{}}]],[9090,[{"podSelector":{}}]]]]'
 [[ "$rules" == "$want" ]] || die "the NetworkPolicy says $rules, not $want"
-log "NetworkPolicy $producer selects $new_pod; ports 8080, 9002, 9090 from the pods of $app_ns only"
+log "NetworkPolicy $producer selects the producer pods $(tr '\n' ' ' <<<"$producer_pods"); ports 8080, 9002, 9090 from the pods of $app_ns only"
 
-producer_ip="$(k get pod -n "$app_ns" "$new_pod" -o jsonpath='{.status.podIP}')"
+producer_ip="$(k get pod -n "$app_ns" "$(head -1 <<<"$producer_pods")" -o jsonpath='{.status.podIP}')"
 k create namespace "$other_ns"
 # probe_pod <namespace> <name> <address>: the producer image serving a config whose one
 # endpoint is <address>, so that a request through it is a connection from that namespace.
@@ -350,8 +475,8 @@ else
     log "NOT enforced here: $other_ns also reached the producer's API port (200), as $app_ns did (a closed port answers $closed); the NetworkPolicy is in place but nothing on this node applies it"
 fi
 
-# --- 6. uninstall ---------------------------------------------------------------------------------
-log "6. helm uninstall"
+# --- 7. uninstall ---------------------------------------------------------------------------------
+log "7. helm uninstall"
 kill "$proxy_pid" 2>/dev/null || true
 proxy_pid=""
 "$helm" uninstall "$release" --namespace "$system_ns" --wait --timeout 3m

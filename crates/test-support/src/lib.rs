@@ -77,6 +77,10 @@ pub enum Error {
     /// The node (crate::node) could not be set up, or did not become ready.
     #[error("the node did not start: {reason}\n{logs}")]
     Node { reason: String, logs: String },
+
+    /// A command run on a started node failed: the command and what it printed.
+    #[error("{0}")]
+    CommandFailed(String),
 }
 
 impl Error {

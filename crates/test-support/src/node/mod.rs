@@ -154,6 +154,22 @@ impl Node {
         self.dir.path()
     }
 
+    /// Gives an image already in the node's containerd a second name (`ctr images tag`), so
+    /// that a pod may run it as a different image reference without pulling anything: what a
+    /// new release of an image looks like to Kubernetes.
+    pub fn tag_image(&self, source: &str, target: &str) -> Result<(), Error> {
+        let output = self.ctr(&Binaries::locate()?, &["images", "tag", source, target])?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(Error::CommandFailed(format!(
+                "ctr images tag {source} {target}: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )))
+        }
+    }
+
     /// The last lines of every component's log, and of the control plane's, for a failure
     /// message.
     pub fn logs_tail(&self, lines: usize) -> String {
