@@ -6,9 +6,8 @@
 //!
 //! The rule, for a prompt no replica holds whole when the producer runs beside others
 //! (`PlanParams::agree_with_peers`; alone, the cheapest replica is the better choice), applied
-//! after the time cost (`crate::cost`)
-//! has priced every allowed replica: among the replicas costing at most the cheapest plus
-//! [`slack`], the highest rendezvous score of the prompt with the replica's id
+//! after the time cost (`crate::cost`) has priced every allowed replica: among the replicas
+//! costing at most the cheapest plus [`slack`], the highest rendezvous score of the prompt with the replica's id
 //! (highest-random-weight hashing: the same prompt ranks the replicas the same way in every
 //! producer, and a replica that leaves moves only its own prompts). So the first copy of a
 //! prompt goes to the first replica of its own ranking that the cost accepts, in every
@@ -71,8 +70,8 @@ fn score(prompt: BlockHash, id: &str) -> u64 {
     xxh64(id.as_bytes(), prompt)
 }
 
-/// The cheapest of `priced`, ties by `tie` (the caller's static order): for a request with no
-/// blocks, which has no prefix to agree on.
+/// The cheapest of `priced`, ties by `tie` (the caller's static order): where there is nothing
+/// to agree on (a lone producer, a prompt a replica holds whole, a request without blocks).
 pub fn cheapest<K: Ord>(priced: &[Priced<'_>], tie: impl Fn(usize) -> K) -> Option<usize> {
     priced
         .iter()
