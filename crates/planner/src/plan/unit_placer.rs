@@ -295,8 +295,8 @@ impl<'a> UnitPlacer<'a> {
     /// Time mode: the replica where one more member of `unit` is answered first, among those
     /// under k for the unit (all of them while overflowing); ties by step 6's order. Beside
     /// other producers, while no replica holds the whole unit, the one they all would choose
-    /// among those within the slack of the cheapest (`crate::agree`). The replicas holding none of it are read by load,
-    /// stopping once no further one can win.
+    /// among those within the slack of the cheapest (`crate::agree`). The replicas holding none
+    /// of it are read by load, stopping once no further one can win.
     fn cheapest(&self, unit: &Unit<'_>) -> Option<usize> {
         let blocks = unit.blocks.len();
         let block_tokens = f64::from(self.params.block_tokens);
