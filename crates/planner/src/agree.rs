@@ -72,9 +72,12 @@ fn score(prompt: BlockHash, id: &str) -> u64 {
 
 /// The cheapest of `priced`, ties by `tie` (the caller's static order): where there is nothing
 /// to agree on (a lone producer, a prompt a replica holds whole, a request without blocks).
-pub fn cheapest<K: Ord>(priced: &[Priced<'_>], tie: impl Fn(usize) -> K) -> Option<usize> {
+pub fn cheapest<'a, K: Ord>(
+    priced: impl IntoIterator<Item = Priced<'a>>,
+    tie: impl Fn(usize) -> K,
+) -> Option<usize> {
     priced
-        .iter()
+        .into_iter()
         .min_by(|a, b| {
             a.seconds
                 .total_cmp(&b.seconds)
@@ -150,6 +153,6 @@ mod tests {
     #[test]
     fn nothing_to_choose_from_is_none() {
         assert_eq!(choose(&[], 1, 1.0), None);
-        assert_eq!(cheapest(&[], |r| r), None);
+        assert_eq!(cheapest(Vec::new(), |r| r), None);
     }
 }

@@ -915,28 +915,41 @@ impl InFlight {
         // Every allowed replica priced; beside other producers, a prompt no replica holds whole
         // goes to the one they all would choose (`crate::agree`); otherwise the cheapest.
         let prompt_tokens = arrival.blocks.len() as f64 * f64::from(params.block_tokens);
+        // A replica priced, and whether it holds the whole prompt.
+        let price = |r: u32| {
+            let uncached = self.uncached_tokens(arrival.blocks, r, params);
+            let held = self.held_tokens(r, params);
+            let priced = Priced {
+                replica: r as usize,
+                id: &self.replicas[r as usize].id,
+                seconds: self.pace_now(r, now_ms).seconds(uncached, held, output),
+            };
+            (priced, uncached <= 0.0)
+        };
+        let tie = |r: usize| self.replicas[r].rank;
         let best = |skip_full: bool| {
-            let mut held_whole = false;
-            let priced: Vec<Priced<'_>> = (0..self.replicas.len() as u32)
-                .filter(|&r| allowed(r) && !(skip_full && at_k(r)))
-                .map(|r| {
-                    let uncached = self.uncached_tokens(arrival.blocks, r, params);
-                    let held = self.held_tokens(r, params);
-                    held_whole |= uncached <= 0.0;
-                    Priced {
-                        replica: r as usize,
-                        id: &self.replicas[r as usize].id,
-                        seconds: self.pace_now(r, now_ms).seconds(uncached, held, output),
-                    }
-                })
-                .collect();
-            let cheapest = agree::cheapest(&priced, |r| self.replicas[r].rank)?;
+            let candidates =
+                (0..self.replicas.len() as u32).filter(|&r| allowed(r) && !(skip_full && at_k(r)));
             let chosen = match arrival.blocks.last() {
-                Some(&prompt) if params.agree_with_peers && !held_whole => {
-                    let speed = self.replicas[cheapest].pace.speed;
-                    agree::choose(&priced, prompt, agree::slack(&speed, prompt_tokens))
+                Some(&prompt) if params.agree_with_peers => {
+                    let mut held_whole = false;
+                    let priced: Vec<Priced<'_>> = candidates
+                        .map(|r| {
+                            let (priced, whole) = price(r);
+                            held_whole |= whole;
+                            priced
+                        })
+                        .collect();
+                    let cheapest = agree::cheapest(priced.iter().copied(), tie)?;
+                    if held_whole {
+                        Some(cheapest)
+                    } else {
+                        let speed = self.replicas[cheapest].pace.speed;
+                        agree::choose(&priced, prompt, agree::slack(&speed, prompt_tokens))
+                    }
                 }
-                _ => Some(cheapest),
+                // Alone (or without blocks): the cheapest, with nothing collected.
+                _ => agree::cheapest(candidates.map(|r| price(r).0), tie),
             };
             chosen.map(|r| r as u32)
         };
