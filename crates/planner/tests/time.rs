@@ -71,19 +71,7 @@ fn window(prompts: &[Vec<BlockHash>], replicas: &[Replica<'_>]) -> Plan {
 }
 
 fn on_arrival(prompts: &[Vec<BlockHash>], replicas: &[Replica<'_>]) -> Vec<Option<usize>> {
-    let mut in_flight = InFlight::new(InFlightSettings::default());
-    in_flight.set_replicas(replicas);
-    prompts
-        .iter()
-        .map(|prompt| {
-            let arrival = Arrival {
-                blocks: prompt,
-                allowed_replicas: None,
-                group_size: None,
-            };
-            in_flight.place(&arrival, &params(), None, 0).replica
-        })
-        .collect()
+    in_turn(1, &params(), prompts, replicas)
 }
 
 #[test]
@@ -248,21 +236,33 @@ fn beside_peers() -> PlanParams {
     }
 }
 
-/// `step` sent to `producers` placers in turn (a round-robin front), each knowing only its
-/// own placements.
+/// `step` sent to `producers` placers beside each other in turn (a round-robin front), each
+/// knowing only its own placements.
 fn side_by_side(
     producers: usize,
     step: &[Vec<BlockHash>],
     replicas: &[Replica<'_>],
 ) -> Vec<Option<usize>> {
-    let mut placers: Vec<InFlight> = (0..producers)
+    in_turn(producers, &beside_peers(), step, replicas)
+}
+
+/// `prompts` placed on arrival by `placers` placers in turn, each with `params`.
+fn in_turn(
+    placers: usize,
+    params: &PlanParams,
+    prompts: &[Vec<BlockHash>],
+    replicas: &[Replica<'_>],
+) -> Vec<Option<usize>> {
+    let mut placers: Vec<InFlight> = (0..placers)
         .map(|_| {
             let mut in_flight = InFlight::new(InFlightSettings::default());
             in_flight.set_replicas(replicas);
             in_flight
         })
         .collect();
-    step.iter()
+    let count = placers.len();
+    prompts
+        .iter()
         .enumerate()
         .map(|(i, prompt)| {
             let arrival = Arrival {
@@ -270,9 +270,7 @@ fn side_by_side(
                 allowed_replicas: None,
                 group_size: None,
             };
-            placers[i % producers]
-                .place(&arrival, &beside_peers(), None, 0)
-                .replica
+            placers[i % count].place(&arrival, params, None, 0).replica
         })
         .collect()
 }
