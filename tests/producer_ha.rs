@@ -60,6 +60,26 @@ fn replica(
     }
 }
 
+/// Four Ready pods of the policy's selector (`vllm-0..3` at 10.1.0.1-4), once they are the
+/// four endpoints of its ConfigMap.
+async fn four_ready_engine_pods(client: &kube::Client, ns: &str) {
+    for i in 0..4 {
+        create_pod(client, ns, &format!("vllm-{i}"), "vllm").await;
+        set_pod_status(
+            client,
+            ns,
+            &format!("vllm-{i}"),
+            &format!("10.1.0.{}", i + 1),
+            true,
+        )
+        .await;
+    }
+    eventually("four endpoints", TIMEOUT, || async {
+        endpoint_ids(client, ns).await.filter(|ids| ids.len() == 4)
+    })
+    .await;
+}
+
 async fn ready(replica: &Replica) -> bool {
     matches!(
         http_get(&format!("{}/readyz", replica.admin)).await,
@@ -132,23 +152,7 @@ async fn one_leader_serves_and_a_follower_takes_over_after_sigkill() {
         })),
     )
     .await;
-    for i in 0..4 {
-        create_pod(&client, &ns, &format!("vllm-{i}"), "vllm").await;
-        set_pod_status(
-            &client,
-            &ns,
-            &format!("vllm-{i}"),
-            &format!("10.1.0.{}", i + 1),
-            true,
-        )
-        .await;
-    }
-    eventually("four endpoints", TIMEOUT, || async {
-        endpoint_ids(&client, &ns)
-            .await
-            .filter(|ids| ids.len() == 4)
-    })
-    .await;
+    four_ready_engine_pods(&client, &ns).await;
     eventually("the producers' Lease", TIMEOUT, || async {
         Api::<Lease>::namespaced(client.clone(), &ns)
             .get_opt("rl-producer")
@@ -264,23 +268,7 @@ async fn active_active_producers_all_serve_and_a_sigkill_leaves_no_gap() {
         })),
     )
     .await;
-    for i in 0..4 {
-        create_pod(&client, &ns, &format!("vllm-{i}"), "vllm").await;
-        set_pod_status(
-            &client,
-            &ns,
-            &format!("vllm-{i}"),
-            &format!("10.1.0.{}", i + 1),
-            true,
-        )
-        .await;
-    }
-    eventually("four endpoints", TIMEOUT, || async {
-        endpoint_ids(&client, &ns)
-            .await
-            .filter(|ids| ids.len() == 4)
-    })
-    .await;
+    four_ready_engine_pods(&client, &ns).await;
     let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
         .get("rl-producer")
         .await
