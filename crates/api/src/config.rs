@@ -119,8 +119,8 @@ pub struct PlannerConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TimeConfig {
-    /// The answer length expected of a request, in tokens (until learned: the mean of the
-    /// replicas' answers).
+    /// The answer length expected of a request, in tokens; a request asking for fewer
+    /// (`max_tokens`, `max_completion_tokens`) is priced at its own, on arrival.
     #[serde(default = "default_output_tokens")]
     #[schemars(range(min = 1))]
     pub output_tokens: i64,

@@ -71,6 +71,9 @@ pub struct Arrival<'a> {
     pub allowed_replicas: Option<&'a [usize]>,
     /// How many requests its group (identical prompts) has, when the client says (n samples).
     pub group_size: Option<usize>,
+    /// The longest answer it asks for (`max_tokens`), when it says; the time cost prices its
+    /// decode at no more ([`PlanParams::answer_tokens`]).
+    pub max_answer_tokens: Option<u32>,
 }
 
 /// A placement's handle, for [`InFlight::finish`].
@@ -897,7 +900,7 @@ impl InFlight {
         k: u32,
         now_ms: u64,
     ) -> Option<(u32, PlacementReason)> {
-        let output = f64::from(params.output_tokens);
+        let output = params.answer_tokens(arrival.max_answer_tokens);
         let group = self.groups.get(arrival.blocks);
         let at_k = |replica: u32| {
             group.is_some_and(|group| {

@@ -21,6 +21,7 @@ fn arrival(blocks: &[BlockHash], group_size: Option<usize>) -> Arrival<'_> {
         blocks,
         allowed_replicas: None,
         group_size,
+        max_answer_tokens: None,
     }
 }
 
@@ -146,6 +147,7 @@ fn a_request_whose_endpoints_exclude_the_holder_goes_to_its_least_loaded_one() {
             blocks: &prompt,
             allowed_replicas: Some(&only),
             group_size: None,
+            max_answer_tokens: None,
         },
         &p,
         None,

@@ -71,7 +71,7 @@ fn window(prompts: &[Vec<BlockHash>], replicas: &[Replica<'_>]) -> Plan {
 }
 
 fn on_arrival(prompts: &[Vec<BlockHash>], replicas: &[Replica<'_>]) -> Vec<Option<usize>> {
-    in_turn(1, &params(), prompts, replicas)
+    in_turn(1, &params(), prompts, replicas, None)
 }
 
 #[test]
@@ -111,6 +111,24 @@ fn one_prompt_sampled_many_times_is_prefilled_once_per_replica_it_needs() {
         counts(&plan.assignments, 16),
         [vec![8; 8], vec![0; 8]].concat()
     );
+}
+
+#[test]
+fn short_answers_keep_more_samples_with_their_prompt() {
+    let ids = replica_ids(16);
+    let replicas = fleet(&ids, &[]);
+    let step = rl_step(1, 512, 8, 56);
+    let replicas_used = |max_answer_tokens| {
+        let placed = in_turn(1, &params(), &step, &replicas, max_answer_tokens);
+        spread(&step, &placed)[0]
+    };
+    // Priced at the configured 256 tokens, the samples spread over every replica (the test
+    // above); asking for 4, each decodes beside the others in next to no time, and the prompt's
+    // 2,048-token prefill is worth more than the slowdown.
+    assert_eq!(replicas_used(None), 16);
+    assert_eq!(replicas_used(Some(1024)), 16);
+    let short = replicas_used(Some(4));
+    assert!(short <= 2, "512 four-token answers on {short} replicas");
 }
 
 #[test]
@@ -243,15 +261,17 @@ fn side_by_side(
     step: &[Vec<BlockHash>],
     replicas: &[Replica<'_>],
 ) -> Vec<Option<usize>> {
-    in_turn(producers, &beside_peers(), step, replicas)
+    in_turn(producers, &beside_peers(), step, replicas, None)
 }
 
-/// `prompts` placed on arrival by `placers` placers in turn, each with `params`.
+/// `prompts` placed on arrival by `placers` placers in turn, each with `params`, every request
+/// asking for at most `max_answer_tokens`.
 fn in_turn(
     placers: usize,
     params: &PlanParams,
     prompts: &[Vec<BlockHash>],
     replicas: &[Replica<'_>],
+    max_answer_tokens: Option<u32>,
 ) -> Vec<Option<usize>> {
     let mut placers: Vec<InFlight> = (0..placers)
         .map(|_| {
@@ -269,6 +289,7 @@ fn in_turn(
                 blocks: prompt,
                 allowed_replicas: None,
                 group_size: None,
+                max_answer_tokens,
             };
             placers[i % count].place(&arrival, params, None, 0).replica
         })

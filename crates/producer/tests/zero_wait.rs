@@ -226,3 +226,28 @@ async fn a_conversation_follows_its_history_after_a_quiet_pause() {
         homes = landed;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_answers_asked_for_keep_a_group_on_fewer_replicas() {
+    // The defaults (on arrival, priced in seconds): 64 samples of a ~2,000-token prompt. Priced
+    // at the configured 256-token answers, the decoding they slow outweighs another prefill
+    // after a few dozen on one replica; asking for 4 tokens each, it never does.
+    let text = "a long shared rollout prompt ".repeat(280);
+    let mut used = Vec::new();
+    for max_tokens in [None, Some(4)] {
+        let local = Local::start(&common::endpoints(4)).await;
+        let mut on = BTreeSet::new();
+        for _ in 0..64 {
+            let mut body = completion(&text);
+            if let Some(max_tokens) = max_tokens {
+                body["max_tokens"] = json!(max_tokens);
+            }
+            let (status, _, answer) = local.produce(&body).await;
+            assert_eq!(status, 200, "{answer}");
+            on.insert(answer["assignedEndpoint"].as_str().unwrap().to_string());
+        }
+        used.push(on.len());
+    }
+    assert!(used[0] > 1, "256-token answers kept together: {used:?}");
+    assert_eq!(used[1], 1, "{used:?}");
+}

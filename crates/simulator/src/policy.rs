@@ -385,6 +385,8 @@ impl OnlinePolicy for ZeroWait {
             blocks: &request.blocks,
             allowed_replicas: None,
             group_size,
+            // The simulator's requests name no answer length: priced at the configured one.
+            max_answer_tokens: None,
         };
         let placement = self
             .in_flight

@@ -136,6 +136,7 @@ impl Placer for Arc<Arrivals> {
             blocks: &request.request.blocks,
             allowed_replicas: allowed.as_deref(),
             group_size: request.group_size.map(|size| size.get() as usize),
+            max_answer_tokens: request.request.max_answer_tokens,
         };
         let placed: ArrivalPlacement = state.in_flight.place(
             &arrival,

@@ -35,6 +35,8 @@ impl<'de> Visitor<'de> for BodyVisitor {
         let mut tools = String::new();
         let mut endpoints = None;
         let mut hints = Hints::default();
+        let mut max_tokens = None;
+        let mut max_completion_tokens = None;
         while let Some(key) = map.next_key::<Text<'de>>()? {
             match &*key.0 {
                 "model" => model = Some(map.next_value::<Text<'de>>()?.0),
@@ -42,6 +44,10 @@ impl<'de> Visitor<'de> for BodyVisitor {
                 "prompt" => prompt = Some(map.next_value::<CompletionPrompts<'de>>()?.0),
                 "messages" => chat = Some(map.next_value_seed(ChatText)?),
                 "tools" => tools = map.next_value::<Tools>()?.0,
+                "max_tokens" => max_tokens = map.next_value::<AnswerTokens>()?.0,
+                "max_completion_tokens" => {
+                    max_completion_tokens = map.next_value::<AnswerTokens>()?.0
+                }
                 "endpoints" => {
                     endpoints = map.next_value::<Option<EndpointIds<'de>>>()?.map(|e| e.0)
                 }
@@ -89,7 +95,68 @@ impl<'de> Visitor<'de> for BodyVisitor {
             endpoints,
             hints,
             chat: is_chat,
+            max_answer_tokens: max_completion_tokens.or(max_tokens),
         })
+    }
+}
+
+/// `max_tokens` or `max_completion_tokens`, read for the time cost only: the engine judges
+/// whether it is valid, so a value the producer cannot read as a count (a string, a negative
+/// number) is no cap rather than a refusal.
+struct AnswerTokens(Option<u32>);
+
+impl<'de> Deserialize<'de> for AnswerTokens {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(AnswerTokensVisitor)
+    }
+}
+
+struct AnswerTokensVisitor;
+
+impl<'de> Visitor<'de> for AnswerTokensVisitor {
+    type Value = AnswerTokens;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a token count")
+    }
+
+    fn visit_u64<E: de::Error>(self, count: u64) -> Result<Self::Value, E> {
+        Ok(AnswerTokens(Some(u32::try_from(count).unwrap_or(u32::MAX))))
+    }
+
+    fn visit_i64<E: de::Error>(self, count: i64) -> Result<Self::Value, E> {
+        Ok(AnswerTokens(
+            u64::try_from(count)
+                .ok()
+                .map(|count| u32::try_from(count).unwrap_or(u32::MAX)),
+        ))
+    }
+
+    fn visit_f64<E: de::Error>(self, count: f64) -> Result<Self::Value, E> {
+        // `as` saturates; NaN and negatives are no count.
+        Ok(AnswerTokens((count >= 0.0).then_some(count as u32)))
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(AnswerTokens(None))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(AnswerTokens(None))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(AnswerTokens(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(AnswerTokens(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(AnswerTokens(None))
     }
 }
 

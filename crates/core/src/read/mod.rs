@@ -38,6 +38,8 @@ pub struct InferenceRequest<'a> {
     pub hints: Hints,
     /// A chat request (its one prompt is its messages, flattened for the estimate).
     pub chat: bool,
+    /// The longest answer it asks for: `max_completion_tokens`, else `max_tokens`.
+    pub max_answer_tokens: Option<u32>,
 }
 
 /// One prompt, as the request gave it.
@@ -84,6 +86,8 @@ pub struct HashedRequest {
     pub blocks: Vec<BlockHash>,
     /// Candidate endpoint ids; `None` means all.
     pub endpoints: Option<Vec<String>>,
+    /// The longest answer it asks for (the time cost prices its decode at no more).
+    pub max_answer_tokens: Option<u32>,
 }
 
 impl HashedRequest {
@@ -100,6 +104,7 @@ impl HashedRequest {
                 .endpoints
                 .as_ref()
                 .map(|ids| ids.iter().map(|id| id.to_string()).collect()),
+            max_answer_tokens: request.max_answer_tokens,
         }
     }
 

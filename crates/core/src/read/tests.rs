@@ -275,3 +275,38 @@ fn within_names_the_field_once() {
         .to_string()
         .starts_with("requests[0].body: malformed JSON: EOF"));
 }
+
+#[test]
+fn the_longest_answer_asked_for_is_read_and_never_refused() {
+    let cap = |extra: Value| {
+        let mut body = json!({"model": "m", "prompt": "x"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        with(body, |parsed| parsed.unwrap().max_answer_tokens)
+    };
+    assert_eq!(cap(json!({})), None);
+    assert_eq!(cap(json!({"max_tokens": 4})), Some(4));
+    assert_eq!(cap(json!({"max_tokens": 4.0})), Some(4));
+    assert_eq!(cap(json!({"max_tokens": 1u64 << 40})), Some(u32::MAX));
+    // Chat's newer name wins over the deprecated one, wherever each is.
+    assert_eq!(
+        cap(json!({"max_completion_tokens": 16, "max_tokens": 4})),
+        Some(16)
+    );
+    assert_eq!(
+        cap(json!({"max_tokens": 4, "max_completion_tokens": null})),
+        Some(4)
+    );
+    // What the engine judges: no cap for the time cost, not a refusal here.
+    for odd in [
+        json!(null),
+        json!(-1),
+        json!("4"),
+        json!(true),
+        json!([4]),
+        json!({"n": 4}),
+    ] {
+        assert_eq!(cap(json!({ "max_tokens": odd })), None, "{odd}");
+    }
+}

@@ -28,7 +28,8 @@ pub struct PlanParams {
     pub balance_by: BalanceBy,
     /// Tokens per prefix block (the time cost's prefill is priced in tokens).
     pub block_tokens: u32,
-    /// The answer length the time cost expects of a request, in tokens.
+    /// The answer length the time cost expects of a request, in tokens, when it asks for no
+    /// fewer ([`PlanParams::answer_tokens`]).
     pub output_tokens: u32,
     /// Other producers share this one's traffic (active-active): in time mode, a prompt no
     /// replica holds whole goes where they would all put it (`crate::agree`) rather than to
@@ -48,6 +49,15 @@ impl Default for PlanParams {
             output_tokens: 256,
             agree_with_peers: false,
         }
+    }
+}
+
+impl PlanParams {
+    /// The answer length the time cost prices a request at: `output_tokens`, or the request's
+    /// own `max_tokens` when it asks for fewer (a 4-token answer decodes beside a group in
+    /// next to no time; pricing it at 256 would split the group for nothing).
+    pub fn answer_tokens(&self, max_answer_tokens: Option<u32>) -> f64 {
+        f64::from(max_answer_tokens.map_or(self.output_tokens, |max| max.min(self.output_tokens)))
     }
 }
 
