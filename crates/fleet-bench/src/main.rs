@@ -121,28 +121,46 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => {
-            match netns::enter() {
-                Ok(Some(code)) => return code,
-                Ok(None) => {}
-                Err(error) => {
-                    eprintln!("fleet bench: {error:#}");
-                    return ExitCode::FAILURE;
-                }
+            if let Err(error) = netns::enter() {
+                eprintln!("fleet bench: {error:#}");
+                return ExitCode::FAILURE;
             }
             let limit = Duration::from_secs(args.time_limit_s);
             let runtime = runtime();
-            match runtime.block_on(async { tokio::time::timeout(limit, bench(&args)).await }) {
+            // Stopped by the time limit or a signal, the bench's future is dropped, and with it
+            // every process it started (each stopped by its process group).
+            let outcome = runtime.block_on(async {
+                tokio::select! {
+                    outcome = tokio::time::timeout(limit, bench(&args)) => {
+                        outcome.map_err(|_| format!("stopped at the --time-limit-s of {limit:?}"))
+                    }
+                    signal = stop_signal() => Err(format!("stopped by {signal}")),
+                }
+            });
+            match outcome {
                 Ok(Ok(())) => ExitCode::SUCCESS,
                 Ok(Err(error)) => {
                     eprintln!("fleet bench: {error:#}");
                     ExitCode::FAILURE
                 }
-                Err(_) => {
-                    eprintln!("fleet bench: stopped at the --time-limit-s of {limit:?}");
+                Err(why) => {
+                    eprintln!("fleet bench: {why}; its simulators and routes are stopped");
                     ExitCode::FAILURE
                 }
             }
         }
+    }
+}
+
+/// SIGTERM or SIGINT, by name, once one arrives (never, if they cannot be listened for).
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => std::future::pending().await,
     }
 }
 
@@ -420,8 +438,16 @@ fn summary(figures: &burst_prefix_fleet_bench::report::RunFigures) -> String {
         .steps
         .iter()
         .map(|s| {
+            // The commonest reason a request failed, when any did.
+            let reason = s
+                .failure_reasons
+                .iter()
+                .max_by_key(|(_, count)| **count)
+                .map_or(String::new(), |(reason, count)| {
+                    format!(" ({count} x {reason})")
+                });
             format!(
-                "[{}makespan {} TTFT p50 {:.0} ms, hit {:.2}, failed {}]",
+                "[{}makespan {} TTFT p50 {:.0} ms, hit {:.2}, failed {}{reason}]",
                 s.offered_rate.map_or(String::new(), |r| format!("{r}/s: ")),
                 s.makespan_ms
                     .map_or("-".into(), |m| format!("{:.2} s", m / 1e3)),

@@ -3,7 +3,8 @@
 //! bench starts (simulators, producer, peer routers, inference-perf) can reach beyond it.
 
 use std::net::TcpListener;
-use std::process::{Command, ExitCode};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use anyhow::{bail, Context};
@@ -11,10 +12,10 @@ use anyhow::{bail, Context};
 /// Set in the re-run process: it is inside the namespace.
 const INSIDE: &str = "BURST_PREFIX_FLEET_NETNS";
 
-/// Outside: re-runs this program with its arguments in a new network namespace and returns its
-/// exit code. Inside: brings loopback up, checks that it is the only interface, and returns
-/// `None` (go on).
-pub fn enter() -> anyhow::Result<Option<ExitCode>> {
+/// Outside: runs this program again with its arguments in a new network namespace, in this
+/// process (it returns only on an error). Inside: brings loopback up, checks that it is the
+/// only interface, and returns (go on).
+pub fn enter() -> anyhow::Result<()> {
     if std::env::var_os(INSIDE).is_some() {
         let status = Command::new("ip")
             .args(["link", "set", "lo", "up"])
@@ -28,19 +29,18 @@ pub fn enter() -> anyhow::Result<Option<ExitCode>> {
         if interfaces != ["lo"] {
             bail!("the namespace has interfaces other than loopback: {interfaces:?}");
         }
-        return Ok(None);
+        return Ok(());
     }
     let program = std::env::current_exe()?;
-    let status = Command::new("unshare")
+    // exec, not a child: unshare execs the program in turn, so the bench keeps this process's
+    // PID, and a SIGTERM sent to it reaches the bench, which stops what it started.
+    let error = Command::new("unshare")
         .args(["--net", "--"])
         .arg(&program)
         .args(std::env::args_os().skip(1))
         .env(INSIDE, "1")
-        .status()
-        .context("cannot run `unshare --net` (it needs root or user namespaces)")?;
-    Ok(Some(ExitCode::from(
-        status.code().unwrap_or(1).clamp(0, 255) as u8,
-    )))
+        .exec();
+    Err(error).context("cannot run `unshare --net` (it needs root or user namespaces)")
 }
 
 /// The next port for a server of the bench to listen on: counted up from 10,000, below the

@@ -3,6 +3,7 @@
 //! latencies side by side, the CPU each process used, and ratios to round-robin in the same
 //! run; the JSON and markdown they are published as.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use burst_prefix_engine_bench::provenance::Provenance;
@@ -126,6 +127,8 @@ pub struct StepFigures {
     pub offered_rate: Option<f64>,
     pub requests: usize,
     pub failures: usize,
+    /// The driver's failed requests by what the client saw (inference-perf's are counted only).
+    pub failure_reasons: BTreeMap<String, usize>,
     /// From the first request sent to the last answer (the driver's steps); an RL step's
     /// figure.
     pub makespan_ms: Option<f64>,
@@ -416,6 +419,7 @@ pub(crate) mod tests {
             offered_rate: rate,
             requests: 10,
             failures: 0,
+            failure_reasons: BTreeMap::new(),
             makespan_ms: Some(makespan),
             wall_s: 2.0,
             client: ClientLatencies {

@@ -402,11 +402,16 @@ fn driver_figures(
             .map(|o| o.sent_ms)
             .fold(f64::INFINITY, f64::min);
     let output_tokens: u64 = answered.iter().map(|o| o.output_tokens).sum();
+    let mut failure_reasons = BTreeMap::new();
+    for error in outcomes.iter().filter_map(|o| o.error.as_ref()) {
+        *failure_reasons.entry(error.clone()).or_insert(0) += 1;
+    }
     StepFigures {
         step,
         offered_rate: None,
         requests: outcomes.len(),
         failures: outcomes.len() - answered.len(),
+        failure_reasons,
         makespan_ms: Some(makespan_ms),
         wall_s: wall.as_secs_f64(),
         client: ClientLatencies::of(&ttft, &e2e),
@@ -518,6 +523,7 @@ async fn perf_stages(
             offered_rate: rates.get(report.stage).copied().filter(|r| r.is_finite()),
             requests,
             failures: report.failures as usize,
+            failure_reasons: BTreeMap::new(),
             makespan_ms: None,
             wall_s,
             client: ClientLatencies {
@@ -647,6 +653,7 @@ mod tests {
         );
         assert_eq!(figures.makespan_ms, Some(403.0));
         assert_eq!((figures.requests, figures.failures), (3, 1));
+        assert_eq!(figures.failure_reasons, BTreeMap::from([("refused".into(), 1)]));
         assert_eq!(figures.client.e2e_p99_ms, 400.0);
         assert!(figures.client.ttft_p50_ms.is_nan());
         assert_eq!(figures.sims.requests_per_class, vec![1.0, 1.0]);

@@ -9,10 +9,12 @@
 //!   connections beyond), and a stream whose request does not arrive within the body timeout
 //!   is answered and closed by the endpoint picker, so idle streams cannot fill a connection.
 //! - At most `max_connections` connections are open at once; beyond, new ones wait in the
-//!   kernel's accept queue until one closes.
+//!   kernel's accept queue (as long as `max_connections`, up to `net.core.somaxconn`) until one
+//!   closes.
 //! - On shutdown, the listener stops accepting and every connection is closed gracefully: idle
 //!   ones at once, busy ones after their response (HTTP/2: GOAWAY).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
@@ -44,6 +46,22 @@ impl Default for ConnectionLimits {
             max_connections: 10_000,
         }
     }
+}
+
+/// Listens on `addr` with an accept queue as long as `limits.max_connections` (the kernel caps it
+/// at `net.core.somaxconn`): a burst of thousands of connections at once (an RL step sent all
+/// together) waits there to be accepted. With the usual 1,024, the connections beyond it lose
+/// their handshake's last packet and retry it after 1, 3, 7, 15, 31 s, or fail.
+pub fn bind(addr: SocketAddr, limits: &ConnectionLimits) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As TcpListener::bind does: a restarted producer takes its port back at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(limits.max_connections).unwrap_or(u32::MAX))
 }
 
 /// Serves `router` on `tcp` until `stop` turns true; then closes every connection gracefully

@@ -297,3 +297,33 @@ async fn sigterm_exits_0_within_the_shutdown_timeout_whatever_clients_hold() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The accept queue of the socket listening on `addr`, as the kernel reports it (`ss`: a
+/// listening socket's Send-Q is its backlog).
+fn accept_queue(addr: &str) -> usize {
+    let port = addr.rsplit(':').next().unwrap();
+    let output = std::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().next().unwrap_or_else(|| panic!("no listener on {addr}: {text}"));
+    // State, Recv-Q, Send-Q, local address, peer address.
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_burst_of_connections_waits_in_an_accept_queue_as_long_as_the_connection_cap() {
+    // An RL step of 4,096 requests opens as many connections at once; a queue of the usual 1,024
+    // dropped the handshakes beyond it while the producer was busy (they came back 31 s later,
+    // or failed). The kernel caps the queue at net.core.somaxconn.
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let producer = Binary::serve_config(&endpoints(2), &["--max-connections", "3000"]);
+    assert_eq!(accept_queue(&producer.api()), 3000.min(somaxconn));
+    let producer = Binary::serve_config(&endpoints(2), &[]);
+    assert_eq!(accept_queue(&producer.api()), 10_000.min(somaxconn));
+}

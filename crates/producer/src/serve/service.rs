@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use axum::Router;
 use burst_prefix_runtime::flags;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -95,8 +94,7 @@ impl Service {
         let mut servers = Vec::new();
         for role in Role::ALL {
             let Binding { addr, limits, tls } = binding(role);
-            let tcp = TcpListener::bind(addr)
-                .await
+            let tcp = listen::bind(addr, &limits)
                 .map_err(|e| format!("cannot listen on --{} {addr}: {e}", role.flag()))?;
             addrs.push((role, tcp.local_addr().map_err(|e| e.to_string())?));
             let (stop, stopped) = watch::channel(false);
