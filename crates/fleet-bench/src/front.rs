@@ -15,6 +15,11 @@ use axum::Router;
 use burst_prefix_engine_bench::routes::Direct;
 use futures::StreamExt;
 
+/// How long a client of the bench keeps an idle connection: below the 5 s after which the
+/// producer (its header-read timeout) and uvicorn close one, as the producer's own proxy keeps
+/// its upstream connections (docs/behaviour.md §8).
+pub const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// What the front shares between requests.
 pub struct Front {
     workers: Vec<String>,
@@ -37,6 +42,7 @@ impl Front {
                 .no_proxy()
                 .tcp_nodelay(true)
                 .pool_max_idle_per_host(1024)
+                .pool_idle_timeout(POOL_IDLE)
                 .build()?,
         })
     }

@@ -358,6 +358,11 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(4096)
+            // Below the idle close of the servers it sends to (the producer's 5 s header-read
+            // timeout, uvicorn's 5 s keep-alive): a connection they closed is never reused
+            // (reqwest's 90 s made the next step's requests fail on connections closed during
+            // the last one).
+            .pool_idle_timeout(front::POOL_IDLE)
             .build()?,
     };
     let fleet_json = serde_json::json!({
