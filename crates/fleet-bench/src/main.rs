@@ -155,7 +155,10 @@ fn main() -> ExitCode {
 /// SIGTERM or SIGINT, by name, once one arrives (never, if they cannot be listened for).
 async fn stop_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",

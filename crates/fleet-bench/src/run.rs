@@ -653,7 +653,10 @@ mod tests {
         );
         assert_eq!(figures.makespan_ms, Some(403.0));
         assert_eq!((figures.requests, figures.failures), (3, 1));
-        assert_eq!(figures.failure_reasons, BTreeMap::from([("refused".into(), 1)]));
+        assert_eq!(
+            figures.failure_reasons,
+            BTreeMap::from([("refused".into(), 1)])
+        );
         assert_eq!(figures.client.e2e_p99_ms, 400.0);
         assert!(figures.client.ttft_p50_ms.is_nan());
         assert_eq!(figures.sims.requests_per_class, vec![1.0, 1.0]);

@@ -307,7 +307,10 @@ fn accept_queue(addr: &str) -> usize {
         .output()
         .expect("ss (iproute2) runs");
     let text = String::from_utf8_lossy(&output.stdout);
-    let line = text.lines().next().unwrap_or_else(|| panic!("no listener on {addr}: {text}"));
+    let line = text
+        .lines()
+        .next()
+        .unwrap_or_else(|| panic!("no listener on {addr}: {text}"));
     // State, Recv-Q, Send-Q, local address, peer address.
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
