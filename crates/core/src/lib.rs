@@ -15,6 +15,7 @@
 
 pub mod admit;
 pub mod budget;
+pub mod clock;
 pub mod config_store;
 pub mod engines;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod route;
 pub mod whole_batch;
 
 pub use admit::{BodyReader, Hints, Limits};
+pub use clock::{Clock, ClockHand};
 pub use config_store::{ConfigOrigin, Snapshot};
 pub use error::{PlaceError, Refused};
 pub use live::{Attempted, CoolDown, CooldownReason};

@@ -28,6 +28,7 @@ use http_body::Body;
 
 use crate::admit::{self, BodyReader, Door, Hints, Limits, WholeBody};
 use crate::budget::{self, ByteBudget};
+use crate::clock::{Clock, ClockHand};
 use crate::config_store::{ConfigOrigin, ConfigStore, Snapshot};
 use crate::engines::Engines;
 use crate::error::{PlaceError, Refused};
@@ -67,6 +68,19 @@ pub struct Producer {
 impl Producer {
     /// A producer with no config yet; a config source fills it through [`Producer::config_store`].
     pub fn new(origin: ConfigOrigin, limits: Limits) -> Self {
+        Producer::keeping_time(origin, limits, Clock::wall())
+    }
+
+    /// A producer serving `yaml` whose placers' clock its driver sets (a simulator, e.g. the
+    /// BLIS bench): the same placements follow from the same arrivals, at any speed.
+    pub fn driven(yaml: &str, limits: Limits) -> Result<(Self, ClockHand), String> {
+        let (clock, hand) = Clock::driven();
+        let producer = Producer::keeping_time(ConfigOrigin::Demo, limits, clock);
+        producer.store.apply_text(yaml).map_err(|e| e.to_string())?;
+        Ok((producer, hand))
+    }
+
+    fn keeping_time(origin: ConfigOrigin, limits: Limits, clock: Clock) -> Self {
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(ConfigStore::new(origin, metrics.clone()));
         let live = Arc::new(LiveEndpoints::default());
@@ -75,6 +89,7 @@ impl Producer {
         let models = Arc::new(Mutex::new(CacheModels::new(
             metrics.registry(),
             engines.clone(),
+            clock,
         )));
         let closed = Arc::new(AtomicBool::new(false));
         let window = Window::new(

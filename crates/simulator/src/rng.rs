@@ -39,6 +39,23 @@ impl SplitMix64 {
             .collect()
     }
 
+    /// A value in the open interval (0, 1).
+    pub fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// A draw of the log-normal distribution whose logarithm has mean `mu` and deviation
+    /// `sigma` (Box-Muller).
+    pub fn lognormal(&mut self, mu: f64, sigma: f64) -> f64 {
+        let normal = (-2.0 * self.unit().ln()).sqrt() * (std::f64::consts::TAU * self.unit()).cos();
+        (mu + sigma * normal).exp()
+    }
+
+    /// A draw of the exponential distribution with mean `mean` (Poisson arrivals' gaps).
+    pub fn exponential(&mut self, mean: f64) -> f64 {
+        -mean * self.unit().ln()
+    }
+
     /// Fisher-Yates shuffle.
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
@@ -51,6 +68,19 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn continuous_draws_have_their_distributions_median_and_mean() {
+        let mut rng = SplitMix64::new(7);
+        let n = 20_000;
+        let mut draws: Vec<f64> = (0..n).map(|_| rng.lognormal(5.0, 0.8)).collect();
+        draws.sort_by(f64::total_cmp);
+        let median = draws[n / 2];
+        assert!((median / 5f64.exp() - 1.0).abs() < 0.05, "median {median}");
+        let mean = (0..n).map(|_| rng.exponential(2.0)).sum::<f64>() / n as f64;
+        assert!((mean - 2.0).abs() < 0.1, "mean {mean}");
+        assert!((0..n).all(|_| (0.0..1.0).contains(&rng.unit())));
+    }
 
     #[test]
     fn matches_the_reference_sequence() {

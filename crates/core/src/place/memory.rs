@@ -25,6 +25,7 @@ use burst_prefix_planner::{Busy, Memory, MemorySettings, Pace, PlacementReason, 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::batch::plan_batch;
+use crate::clock::Clock;
 use crate::config_store::Snapshot;
 use crate::engines::Engines;
 use crate::live::LiveEndpoints;
@@ -46,7 +47,8 @@ pub struct CacheModels {
     model: Option<(Memory, usize)>,
     /// The config generation the model's endpoints were last checked against.
     generation: u64,
-    started: Instant,
+    /// The memory's and the arrivals' time.
+    clock: Clock,
     blocks: IntGaugeVec,
     /// The endpoints `blocks` has a series for: one the model no longer holds (left the config,
     /// or forgotten on a reset or new weights) loses its series at the next settle.
@@ -59,7 +61,7 @@ pub struct CacheModels {
 }
 
 impl CacheModels {
-    pub fn new(registry: &Registry, engines: Arc<Engines>) -> Self {
+    pub fn new(registry: &Registry, engines: Arc<Engines>, clock: Clock) -> Self {
         let blocks = IntGaugeVec::new(
             Opts::new(
                 "burst_prefix_memory_blocks",
@@ -84,7 +86,7 @@ impl CacheModels {
         CacheModels {
             model: None,
             generation: 0,
-            started: Instant::now(),
+            clock,
             blocks,
             reported: HashSet::new(),
             placements,
@@ -167,7 +169,7 @@ impl CacheModels {
 
     /// Milliseconds on the models' clock (the memory's and the arrivals' time).
     pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     /// Builds, rebuilds or drops the model for `snapshot`'s memory settings, and drops the

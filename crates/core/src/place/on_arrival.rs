@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use burst_prefix_planner::{
     Arrival, ArrivalPlacement, BalanceBy, InFlight, InFlightSettings, PlacementId,
@@ -28,8 +28,9 @@ use crate::live::LiveEndpoints;
 /// How long a placement counts that nobody reports finished, in half-lives.
 pub const UNREPORTED_HALF_LIFE_MS: u64 = 10_000;
 
-/// The memory's touches are merged at most this often (each merge passes over the replicas).
-const SETTLE_EVERY: Duration = Duration::from_millis(10);
+/// The memory's touches are merged at most this often, in ms of the placers' clock (each merge
+/// passes over the replicas).
+const SETTLE_EVERY_MS: u64 = 10;
 
 /// Places requests as they arrive.
 pub struct Arrivals {
@@ -55,7 +56,8 @@ struct State {
     heard: Option<u64>,
     /// Placements made (the `window` id of the next one).
     placed: u64,
-    last_settle: Instant,
+    /// When the memory was last settled, on the placers' clock.
+    last_settle_ms: u64,
 }
 
 impl Arrivals {
@@ -71,7 +73,7 @@ impl Arrivals {
                 heard: None,
                 cooling: false,
                 placed: 0,
-                last_settle: Instant::now(),
+                last_settle_ms: 0,
             }),
             models,
             live,
@@ -115,15 +117,16 @@ impl Placer for Arc<Arrivals> {
         let engines_changed = models.apply_engines();
         // The touches of earlier placements are merged before this one, not after: a placement
         // finished since (its flight gone) is then known from the memory alone. A burst merges
-        // at most every SETTLE_EVERY (its own flights cover it meanwhile); what the engines
+        // at most every SETTLE_EVERY_MS (its own flights cover it meanwhile); what the engines
         // hold counts for this very placement.
-        let due = models.unsettled() && started.duration_since(state.last_settle) >= SETTLE_EVERY;
+        let now_ms = models.now_ms();
+        let due =
+            models.unsettled() && now_ms.saturating_sub(state.last_settle_ms) >= SETTLE_EVERY_MS;
         if engines_changed || due {
-            state.last_settle = started;
+            state.last_settle_ms = now_ms;
             models.settle();
         }
         state.look_at_replicas(&snapshot, &self.live, &engines, started);
-        let now_ms = models.now_ms();
         let allowed: Option<Vec<usize>> = request.request.endpoints.as_ref().map(|ids| {
             let mut allowed: Vec<usize> = ids
                 .iter()

@@ -636,7 +636,11 @@ mod tests {
     fn window_with(store: Arc<ConfigStore>, budget: usize) -> (Arc<Window>, Registry) {
         let registry = Registry::new();
         let engines = Arc::new(Engines::new(&registry));
-        let models = Arc::new(Mutex::new(memory::CacheModels::new(&registry, engines)));
+        let models = Arc::new(Mutex::new(memory::CacheModels::new(
+            &registry,
+            engines,
+            crate::clock::Clock::wall(),
+        )));
         let window = Window::new(
             store,
             Arc::default(),

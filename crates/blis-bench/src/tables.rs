@@ -1,0 +1,149 @@
+//! The markdown of a result file, made from its JSON alone (so that it can be made again from a
+//! committed file: `burst-prefix-blis-bench tables F.json`).
+
+use std::fmt::Write as _;
+
+use anyhow::Context;
+
+use crate::bench::Stored;
+use crate::report::{RouteFigures, RunReport, BASELINE, OURS};
+
+/// The tables of the result file `json` (named `file`).
+pub fn markdown(json: &serde_json::Value, file: &str) -> anyhow::Result<String> {
+    let stored: Stored =
+        serde_json::from_value(json.clone()).context("not a BLIS bench result file")?;
+    let setup = &stored.setup;
+    let mut md = String::new();
+    let _ = writeln!(md, "# BLIS bench: {file}\n");
+    let _ = writeln!(
+        md,
+        "Generated from `{file}` by `burst-prefix-blis-bench tables`. Made {} from {} on {} \
+         cores; BLIS {} ({}); seed {}; every request of ours asked `max_tokens: {}`. Command: \
+         `{}`.\n",
+        setup.provenance.date,
+        setup.provenance.commit,
+        setup.provenance.cores,
+        setup.blis_commit,
+        crate::tables::setting_text(&setup.setting),
+        setup.seed,
+        setup.max_tokens,
+        setup.command,
+    );
+    let _ = writeln!(md, "Routes:\n");
+    for route in &setup.routes {
+        match route.planner_yaml() {
+            Some(planner) => {
+                let _ = writeln!(
+                    md,
+                    "- `{}`: ours, BLIS's `burst-prefix` policy asking the producer's placer with planner config `{}`",
+                    route.name,
+                    planner.trim().replace('\n', "; ")
+                );
+            }
+            None => {
+                let _ = writeln!(md, "- `{}`: `{}`", route.name, route.blis.join(" "));
+            }
+        }
+    }
+    let order: Vec<String> = setup.routes.iter().map(|r| r.name.clone()).collect();
+    let _ = writeln!(
+        md,
+        "\n## Ours against round-robin and the best other route\n"
+    );
+    let _ = writeln!(
+        md,
+        "Makespan is each RL step's, from its arrival to its last answer, summed over the steps \
+         where the trace has steps (`stepsS`), else BLIS's `makespanS`; best = the lowest of \
+         the routes that are not ours.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| workload | instances | route | makespan / best | makespan / round-robin | TTFT mean / round-robin | TTFT mean / best | e2e p99 / round-robin |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    for run in &stored.runs {
+        for (name, ours) in run.routes.iter().filter(|(n, _)| n.starts_with(OURS)) {
+            let _ = writeln!(md, "{}", summary_row(run, name, ours));
+        }
+    }
+    for run in &stored.runs {
+        let _ = writeln!(
+            md,
+            "\n## {}, {} instances ({} requests{})\n",
+            run.workload,
+            run.instances,
+            run.requests,
+            run.objective
+                .map_or(String::new(), |o| format!("; judged by {o:?}")
+                    .to_lowercase())
+        );
+        md.push_str(&run.table(&order));
+        let classes: Vec<String> = order
+            .iter()
+            .filter_map(|name| {
+                let figures = run.routes.get(name)?;
+                (figures.ttft_mean_ms_by_class.len() > 1).then(|| {
+                    let by: Vec<String> = figures
+                        .ttft_mean_ms_by_class
+                        .iter()
+                        .map(|(class, ms)| format!("{class} {ms:.0}"))
+                        .collect();
+                    format!("{name}: {}", by.join(", "))
+                })
+            })
+            .collect();
+        if !classes.is_empty() {
+            let _ = writeln!(md, "\nTTFT mean ms by client: {}.", classes.join("; "));
+        }
+        let placer: Vec<String> = run
+            .routes
+            .iter()
+            .filter_map(|(name, f)| {
+                let p = f.placer.as_ref()?;
+                Some(format!(
+                    "{name}: {:.1} µs mean, {:.1} µs p99 per placement (the core's admit to route, body parsing and hashing included; {:.1} µs of it the place stage)",
+                    p.mean_us, p.p99_us, p.place_mean_us
+                ))
+            })
+            .collect();
+        if !placer.is_empty() {
+            let _ = writeln!(md, "\nOur placer: {}.", placer.join("; "));
+        }
+    }
+    Ok(md)
+}
+
+fn summary_row(run: &RunReport, name: &str, ours: &RouteFigures) -> String {
+    let ratio = |a: f64, b: Option<f64>| {
+        b.filter(|b| *b > 0.0)
+            .map_or("-".to_string(), |b| format!("{:.2}", a / b))
+    };
+    let rr = run.routes.get(BASELINE);
+    let best_makespan = run.best_peer(RouteFigures::judged_makespan_s);
+    let best_ttft = run.best_peer(|f| f.ttft_mean_ms);
+    format!(
+        "| {} | {} | {name} | {} ({}) | {} | {} | {} ({}) | {} |",
+        run.workload,
+        run.instances,
+        ratio(ours.judged_makespan_s(), best_makespan.map(|b| b.1)),
+        best_makespan.map_or("-", |b| b.0),
+        ratio(
+            ours.judged_makespan_s(),
+            rr.map(RouteFigures::judged_makespan_s)
+        ),
+        ratio(ours.ttft_mean_ms, rr.map(|r| r.ttft_mean_ms)),
+        ratio(ours.ttft_mean_ms, best_ttft.map(|b| b.1)),
+        best_ttft.map_or("-", |b| b.0),
+        ratio(ours.e2e_p99_ms, rr.map(|r| r.e2e_p99_ms)),
+    )
+}
+
+/// "model on hardware, TP n" of a result file's `setting`.
+pub fn setting_text(setting: &serde_json::Value) -> String {
+    format!(
+        "{} on {}, TP {}",
+        setting["model"].as_str().unwrap_or("?"),
+        setting["hardware"].as_str().unwrap_or("?"),
+        setting["tp"]
+    )
+}
