@@ -15,6 +15,9 @@ use crate::placer::PlacerStats;
 /// model, scorers and flags are what the results describe, so another commit is refused.
 pub const PINNED: &str = "f90a1e3a";
 
+/// Simulated time every replay may run: ten hours, far past any trace's last answer.
+const HORIZON_US: u64 = 36_000_000_000;
+
 /// Our routing policy and its registration, kept in this repository (bench/blis/).
 const POLICY: &str = include_str!("../../../bench/blis/routing_burst_prefix.go");
 const REGISTER: &str = include_str!("../../../bench/blis/register.patch");
@@ -130,6 +133,9 @@ impl Blis {
             .args(["--seed", &run.seed.to_string()])
             .arg("--results-path")
             .arg(&results)
+            // Long enough for every request of every route to finish (BLIS's default, twice
+            // the last arrival, cuts closed-loop sessions short).
+            .args(["--horizon", &HORIZON_US.to_string()])
             .args(run.args);
         if run.sessions {
             command.args(["--session-mode", "closed-loop"]);
@@ -162,6 +168,8 @@ impl Blis {
                 .args(["--max-tokens", &run.max_tokens.to_string()])
                 .arg("--stats")
                 .arg(&stats_path)
+                .arg("--decisions")
+                .arg(out.join("decisions.txt"))
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(out.join("placer-stderr.txt"))?);
             placer_child = Some(Child::spawn(cmd, "the burst-prefix placer")?);
@@ -194,8 +202,17 @@ impl Blis {
                 tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
             );
         }
+        let cluster = parse_cluster(&text)?;
+        if cluster.still_queued + cluster.still_running > 0 {
+            bail!(
+                "{} request(s) were not answered within BLIS's horizon ({} queued, {} running)",
+                cluster.still_queued + cluster.still_running,
+                cluster.still_queued,
+                cluster.still_running
+            );
+        }
         Ok(Outcome {
-            cluster: parse_cluster(&text)?,
+            cluster,
             requests: serde_json::from_str(
                 &std::fs::read_to_string(&results)
                     .with_context(|| format!("reading {}", results.display()))?,

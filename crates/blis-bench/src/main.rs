@@ -55,6 +55,9 @@ enum Command {
         /// Where to write what the placer measured of itself (JSON), once BLIS is done.
         #[arg(long)]
         stats: Option<PathBuf>,
+        /// Where to write each placement (`clock_us request instance`, a line each).
+        #[arg(long)]
+        decisions: Option<PathBuf>,
     },
     /// Write a result file's tables (.md) and chart (.svg) again from its JSON.
     Tables {
@@ -132,6 +135,7 @@ fn main() -> anyhow::Result<()> {
             planner,
             max_tokens,
             stats,
+            decisions,
         } => {
             let text = std::fs::read_to_string(&planner)
                 .with_context(|| format!("reading {}", planner.display()))?;
@@ -147,11 +151,21 @@ fn main() -> anyhow::Result<()> {
                 .write(true)
                 .open(&answers)
                 .with_context(|| format!("opening {}", answers.display()))?;
+            let mut decisions = match &decisions {
+                Some(path) => Some(BufWriter::new(
+                    File::create(path).with_context(|| format!("creating {}", path.display()))?,
+                )),
+                None => None,
+            };
             serve(
                 &mut placer,
                 BufReader::with_capacity(1 << 20, asks),
                 BufWriter::new(answers),
+                decisions.as_mut().map(|d| d as &mut dyn std::io::Write),
             )?;
+            if let Some(mut decisions) = decisions {
+                std::io::Write::flush(&mut decisions)?;
+            }
             if let Some(path) = stats {
                 std::fs::write(&path, serde_json::to_string_pretty(&placer.stats())?)
                     .with_context(|| format!("writing {}", path.display()))?;

@@ -77,8 +77,13 @@ impl Placer {
             hand.set_ms(event.at / 1_000);
             match event.kind {
                 EventKind::First => {}
-                // The answer ended: the handle finishes the request, as the proxy's does.
-                EventKind::Done => drop(self.routed.remove(&event.id)),
+                // The answer ended: the handle finishes the request, as the proxy's does, with
+                // the answer's length the stream showed.
+                EventKind::Done => {
+                    if let Some(mut handle) = self.routed.remove(&event.id) {
+                        handle.answered(event.tokens);
+                    }
+                }
             }
         }
         for load in &ask.load {
@@ -151,23 +156,30 @@ impl Placer {
     }
 }
 
-/// Serves BLIS: the hello, then one answer per ask until BLIS closes its end.
+/// Serves BLIS: the hello, then one answer per ask until BLIS closes its end; with `decisions`,
+/// one line per placement there (`clock_us request instance`).
 pub fn serve(
     placer: &mut Placer,
     asks: impl BufRead,
     mut answers: impl Write,
+    mut decisions: Option<&mut dyn Write>,
 ) -> std::io::Result<()> {
     writeln!(answers, "{}", serde_json::to_string(&placer.hello())?)?;
     answers.flush()?;
     for line in asks.lines() {
         let line = line?;
         let answer = match serde_json::from_str::<Ask>(&line) {
-            Ok(ask) => match placer.answer(ask) {
-                Ok(instance) => Answer {
-                    instance: Some(instance),
-                    error: None,
-                },
-                Err(error) => Answer {
+            Ok(ask) => match (ask.clock, ask.id.clone(), placer.answer(ask)) {
+                (clock, id, Ok(instance)) => {
+                    if let Some(out) = decisions.as_deref_mut() {
+                        writeln!(out, "{clock} {id} {instance}")?;
+                    }
+                    Answer {
+                        instance: Some(instance),
+                        error: None,
+                    }
+                }
+                (_, _, Err(error)) => Answer {
                     instance: None,
                     error: Some(error),
                 },

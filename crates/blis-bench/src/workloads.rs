@@ -37,9 +37,9 @@ pub enum Workload {
     /// Asynchronous RL: six steps of 4 prompts per instance x 8, one every 10 s, so that each
     /// arrives while the last still decodes.
     AsyncRl,
-    /// Agent sessions: 4 per instance, starting within 2 s, on one 2,000-token system prompt,
-    /// 8 rounds each with their context accumulating (each round adds its answer and 300 tokens
-    /// of tool output), the next round 500 ms after an answer ends.
+    /// Agent sessions: 16 per instance, starting within 2 s, on one 4,000-token system prompt,
+    /// 10 rounds each with their context accumulating (each round adds its answer and 1,000
+    /// tokens of tool output), the next round 500 ms after an answer ends.
     Agents,
     /// A chat stream (Poisson, 2 requests per second per instance for 60 s, on 8 system
     /// prompts) with a GRPO step of 4 prompts per instance x 8 arriving at 20 s.
@@ -107,7 +107,7 @@ impl Workload {
                     );
                 }
             }
-            Workload::Agents => build.agents(4 * instances),
+            Workload::Agents => build.agents(16 * instances),
             Workload::ChatAndRl => {
                 build.chat(2.0 * instances as f64, 60_000_000);
                 build.rl_step(0, 20_000_000, 4 * instances, &Answers::Independent);
@@ -324,8 +324,8 @@ impl Builder {
                     step: None,
                     session: Some(session as u32),
                     round,
-                    group: Some(("system".into(), 2_000)),
-                    input: if round == 0 { 500 } else { 300 },
+                    group: Some(("system".into(), 4_000)),
+                    input: 1_000,
                     output,
                     // The gap to the last round is the think time BLIS waits after its answer.
                     arrival_us: start + u64::from(round) * 500_000,
@@ -364,7 +364,7 @@ impl Builder {
 pub const SAMPLES: usize = 8;
 
 /// Rounds per agent session.
-const ROUNDS: u32 = 8;
+const ROUNDS: u32 = 10;
 
 #[cfg(test)]
 mod tests {
@@ -447,6 +447,6 @@ mod tests {
         assert!(trace
             .rows
             .iter()
-            .all(|r| r.group == Some(("system".into(), 2_000))));
+            .all(|r| r.group == Some(("system".into(), 4_000))));
     }
 }

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use burst_prefix_engine_state::speed::{Counters, SpeedLearner};
 use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
 use burst_prefix_engine_state::{EngineIndex, IndexConfig};
+use burst_prefix_planner::AnswerBook;
 use burst_prefix_planner::{BlockHash, Memory, Prompt, Speed};
 use prometheus::{IntCounterVec, Opts, Registry};
 
@@ -222,10 +223,14 @@ impl Engines {
         }
     }
 
-    /// Applies what waits (touches, drops) to `memory`; true when anything was touched (the
-    /// caller settles before planning with it).
-    pub fn apply_pending(&self, memory: Option<&mut Memory>) -> bool {
+    /// Applies what waits (touches, drops) to `memory`, and a drop of everything to the
+    /// answers learned too; true when anything was touched (the caller settles before
+    /// planning with it).
+    pub fn apply_pending(&self, memory: Option<&mut Memory>, answers: &mut AnswerBook) -> bool {
         let pending = std::mem::take(&mut *self.pending());
+        if pending.clear_all {
+            answers.clear();
+        }
         let Some(memory) = memory else {
             return false;
         };

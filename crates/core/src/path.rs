@@ -481,7 +481,7 @@ impl Placed {
         else {
             // Not sent anywhere: finished at once.
             if let Some(finish) = finish {
-                finish.finish();
+                finish.finish(None);
             }
             return Err(producer.refuse(PlaceError::NoEligibleEndpoint));
         };

@@ -57,6 +57,8 @@ pub struct Handle {
     /// Counted in flight on this endpoint.
     sending_to: Option<(String, Counted)>,
     finish: Option<Completion>,
+    /// The answer's length in tokens, once its front-end saw it.
+    answer_tokens: Option<u32>,
 }
 
 impl Handle {
@@ -67,6 +69,7 @@ impl Handle {
             live,
             sending_to: None,
             finish,
+            answer_tokens: None,
         };
         let first = handle.route.first().id.clone();
         handle.send_to(&first);
@@ -75,6 +78,12 @@ impl Handle {
 
     pub fn route(&self) -> &Route {
         &self.route
+    }
+
+    /// The answer had `tokens` tokens (what its usage or its stream said): the placer learns
+    /// from it when the request finishes (docs/behaviour.md §4, "Time").
+    pub fn answered(&mut self, tokens: u32) {
+        self.answer_tokens = Some(tokens);
     }
 
     /// The request is sent to endpoint `id` now (a retry, or where the data plane says it was
@@ -122,7 +131,7 @@ impl Drop for Handle {
     fn drop(&mut self) {
         self.sending_to = None;
         if let Some(finish) = self.finish.take() {
-            finish.finish();
+            finish.finish(self.answer_tokens);
         }
     }
 }

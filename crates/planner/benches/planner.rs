@@ -363,6 +363,7 @@ fn zero_wait(c: &mut Criterion) {
                             allowed_replicas: None,
                             group_size: Some(8),
                             max_answer_tokens: None,
+                            expected_answer_tokens: None,
                         };
                         live.push_back(in_flight.place(&arrival, params, None, i as u64).id);
                         if live.len() > prompts.len() / 4 {

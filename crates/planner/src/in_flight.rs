@@ -63,7 +63,7 @@ pub struct InFlightSettings {
 const EXPIRY_HALF_LIVES: u64 = 20;
 
 /// One request as it arrives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Arrival<'a> {
     /// All its block hashes (its prompts' chains, concatenated).
     pub blocks: &'a [BlockHash],
@@ -74,6 +74,9 @@ pub struct Arrival<'a> {
     /// The longest answer it asks for (`max_tokens`), when it says; the time cost prices its
     /// decode at no more ([`PlanParams::answer_tokens`]).
     pub max_answer_tokens: Option<u32>,
+    /// The answer expected of it from what its prompt's earlier answers took
+    /// ([`crate::AnswerBook`]); the time cost prices its decode at that.
+    pub expected_answer_tokens: Option<f64>,
 }
 
 /// A placement's handle, for [`InFlight::finish`].
@@ -178,6 +181,20 @@ struct Group {
 }
 
 const NONE: u32 = u32::MAX;
+
+/// Time mode: what a request weighs in its replica's load: its expected answer over the
+/// config's `time.outputTokens` (1 when nothing is learned of it), within [1/16, 16].
+fn answer_weight(arrival: &Arrival<'_>, params: &PlanParams) -> f64 {
+    let expected = params.answer_tokens(arrival.max_answer_tokens, arrival.expected_answer_tokens);
+    (expected / f64::from(params.output_tokens.max(1))).clamp(1.0 / 16.0, 16.0)
+}
+
+/// In time mode, a shared prefix is followed onto a replica only while it runs under this many
+/// times the mean of the replicas (and under one more than the mean): on BLIS, agents on one
+/// system prompt piled onto a quarter fewer replicas at 1.35 (the window's cap in tokens mode,
+/// docs §7), and 1.2 kept fewer of their conversations where they were than 1.1
+/// (docs/load-benches.md, "BLIS").
+const PILE_CAP: f64 = 1.1;
 
 impl InFlight {
     pub fn new(settings: InFlightSettings) -> Self {
@@ -329,7 +346,13 @@ impl InFlight {
                         seat
                     }
                     None => {
-                        let weight = self.weight(arrival.blocks, replica, params);
+                        let weight = match params.balance_by {
+                            // A request weighs as the answer it is expected to give, in
+                            // answers of the config's length: a replica running long answers
+                            // is busier than one running as many short ones.
+                            BalanceBy::Time => answer_weight(arrival, params),
+                            _ => self.weight(arrival.blocks, replica, params),
+                        };
                         let blocks = self.group_blocks(arrival.blocks);
                         let prefill_tokens = match params.balance_by {
                             BalanceBy::Time => {
@@ -382,11 +405,18 @@ impl InFlight {
     }
 
     /// Takes a placement off the work in flight (its request completed, failed or was
-    /// cancelled). Unknown or expired handles are ignored. When the last member of a group in
-    /// flight finishes, the seats it booked and no member took are released.
-    pub fn finish(&mut self, placement: PlacementId, now_ms: u64) {
+    /// cancelled), and says which prompt it answered (its last block hash: what an answer's
+    /// length is learned under, [`crate::AnswerBook`]). Unknown or expired handles are ignored.
+    /// When the last member of a group in flight finishes, the seats it booked and no member
+    /// took are released.
+    pub fn finish(&mut self, placement: PlacementId, now_ms: u64) -> Option<BlockHash> {
         self.advance(now_ms);
+        let prompt = self
+            .flights
+            .get(&placement.0)
+            .and_then(|flight| flight.blocks.last().copied());
         self.remove(placement.0);
+        prompt
     }
 
     /// A replica's load now, in the unit of `balance_by`.
@@ -890,6 +920,19 @@ impl InFlight {
         f64::from(held) * f64::from(params.block_tokens)
     }
 
+    /// Time mode: the requests in flight on a replica from which a prefix it holds of a prompt
+    /// (not the whole prompt) is no longer followed there: [`PILE_CAP`] times the mean of the
+    /// allowed replicas, and at least one more than the mean.
+    fn pile_cap(&self, allowed: &impl Fn(u32) -> bool, now_ms: u64) -> f64 {
+        let (sum, count) = (0..self.replicas.len() as u32)
+            .filter(|&r| allowed(r))
+            .fold((0.0, 0usize), |(sum, count), r| {
+                (sum + self.pace_now(r, now_ms).busy.requests, count + 1)
+            });
+        let mean = sum / count.max(1) as f64;
+        (PILE_CAP * mean).max(mean + 1.0)
+    }
+
     /// Time mode: the allowed replica where the request is answered first (`crate::cost`), or,
     /// beside other producers, one the cost accepts that they would choose too
     /// (`crate::agree`), among those holding fewer than k of its group while any does.
@@ -900,7 +943,8 @@ impl InFlight {
         k: u32,
         now_ms: u64,
     ) -> Option<(u32, PlacementReason)> {
-        let output = params.answer_tokens(arrival.max_answer_tokens);
+        let output =
+            params.answer_tokens(arrival.max_answer_tokens, arrival.expected_answer_tokens);
         let group = self.groups.get(arrival.blocks);
         let at_k = |replica: u32| {
             group.is_some_and(|group| {
@@ -918,10 +962,16 @@ impl InFlight {
         // Every allowed replica priced; beside other producers, a prompt no replica holds whole
         // goes to the one they all would choose (`crate::agree`); otherwise the cheapest.
         let prompt_tokens = arrival.blocks.len() as f64 * f64::from(params.block_tokens);
+        let pile_cap = self.pile_cap(&allowed, now_ms);
         // A replica priced, and whether it holds the whole prompt.
         let price = |r: u32| {
-            let uncached = self.uncached_tokens(arrival.blocks, r, params);
-            let held = self.held_tokens(r, params);
+            let mut uncached = self.uncached_tokens(arrival.blocks, r, params);
+            let mut held = self.held_tokens(r, params);
+            // A prefix shared with other prompts (a system prompt, a conversation so far) is
+            // not followed onto a replica running more than its share: it would pile.
+            if uncached > 0.0 && held > 0.0 && self.pace_now(r, now_ms).busy.requests >= pile_cap {
+                (uncached, held) = (prompt_tokens, 0.0);
+            }
             let priced = Priced {
                 replica: r as usize,
                 id: &self.replicas[r as usize].id,

@@ -22,6 +22,7 @@ fn arrival(blocks: &[BlockHash], group_size: Option<usize>) -> Arrival<'_> {
         allowed_replicas: None,
         group_size,
         max_answer_tokens: None,
+        expected_answer_tokens: None,
     }
 }
 
@@ -148,6 +149,7 @@ fn a_request_whose_endpoints_exclude_the_holder_goes_to_its_least_loaded_one() {
             allowed_replicas: Some(&only),
             group_size: None,
             max_answer_tokens: None,
+            expected_answer_tokens: None,
         },
         &p,
         None,

@@ -290,6 +290,7 @@ fn in_turn(
                 allowed_replicas: None,
                 group_size: None,
                 max_answer_tokens,
+                expected_answer_tokens: None,
             };
             placers[i % count].place(&arrival, params, None, 0).replica
         })

@@ -387,6 +387,7 @@ impl OnlinePolicy for ZeroWait {
             group_size,
             // The simulator's requests name no answer length: priced at the configured one.
             max_answer_tokens: None,
+            expected_answer_tokens: None,
         };
         let placement = self
             .in_flight

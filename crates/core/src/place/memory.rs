@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use burst_prefix_api::Endpoint;
-use burst_prefix_planner::{Busy, Memory, MemorySettings, Pace, PlacementReason, Plan, Replica};
+use burst_prefix_planner::{
+    AnswerBook, Busy, Memory, MemorySettings, Pace, PlacementReason, Plan, Replica,
+};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::batch::plan_batch;
@@ -58,6 +60,8 @@ pub struct CacheModels {
     unsettled: bool,
     /// What the engines hold and their load, applied to the model before each plan.
     engines: Arc<Engines>,
+    /// How long each prompt's answers were (what the time cost prices a decode at).
+    answers: AnswerBook,
 }
 
 impl CacheModels {
@@ -92,6 +96,7 @@ impl CacheModels {
             placements,
             unsettled: false,
             engines,
+            answers: AnswerBook::default(),
         }
     }
 
@@ -136,6 +141,16 @@ impl CacheModels {
         self.unsettled
     }
 
+    /// The answers learned so far.
+    pub fn answers(&self) -> &AnswerBook {
+        &self.answers
+    }
+
+    /// Learns that an answer to `prompt` had `tokens` tokens.
+    pub fn answered(&mut self, prompt: burst_prefix_planner::BlockHash, tokens: u32) {
+        self.answers.learn(prompt, tokens);
+    }
+
     /// Counts a placed request's reason.
     pub fn count(&self, reason: PlacementReason) {
         self.placements.with_label_values(&[reason.label()]).inc();
@@ -144,7 +159,10 @@ impl CacheModels {
     /// Applies what the engines said since the last plan; true when they touched the model.
     pub fn apply_engines(&mut self) -> bool {
         let engines = self.engines.clone();
-        engines.apply_pending(self.model.as_mut().map(|(memory, _)| memory))
+        engines.apply_pending(
+            self.model.as_mut().map(|(memory, _)| memory),
+            &mut self.answers,
+        )
     }
 
     /// Merges the placements so far into the model, and updates its metrics: called once a

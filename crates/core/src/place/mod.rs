@@ -187,16 +187,17 @@ pub struct Placement {
 }
 
 /// What finishes a request's placement once its answer has ended: called once, by the route's
-/// handle (a placement on arrival leaves the work in flight).
-pub struct Completion(Box<dyn FnOnce() + Send + Sync>);
+/// handle (a placement on arrival leaves the work in flight), with the answer's length in
+/// tokens when its front-end saw it.
+pub struct Completion(Box<dyn FnOnce(Option<u32>) + Send + Sync>);
 
 impl Completion {
-    pub fn new(finish: impl FnOnce() + Send + Sync + 'static) -> Self {
+    pub fn new(finish: impl FnOnce(Option<u32>) + Send + Sync + 'static) -> Self {
         Completion(Box::new(finish))
     }
 
-    pub fn finish(self) {
-        (self.0)()
+    pub fn finish(self, answer_tokens: Option<u32>) {
+        (self.0)(answer_tokens)
     }
 }
 

@@ -81,10 +81,16 @@ impl Arrivals {
         }
     }
 
-    /// Takes placement `id` off the work in flight.
-    fn finish(&self, id: PlacementId) {
-        let now_ms = memory::lock(&self.models).now_ms();
-        self.state().in_flight.finish(id, now_ms);
+    /// Takes placement `id` off the work in flight; learns its answer's length when known.
+    fn finish(&self, id: PlacementId, answer_tokens: Option<u32>) {
+        // The order `place` takes them in.
+        let mut state = self.state();
+        let mut models = memory::lock(&self.models);
+        let now_ms = models.now_ms();
+        let prompt = state.in_flight.finish(id, now_ms);
+        if let (Some(prompt), Some(tokens)) = (prompt, answer_tokens) {
+            models.answered(prompt, tokens);
+        }
     }
 
     /// Placements still in flight (not finished, not expired).
@@ -140,6 +146,11 @@ impl Placer for Arc<Arrivals> {
             allowed_replicas: allowed.as_deref(),
             group_size: request.group_size.map(|size| size.get() as usize),
             max_answer_tokens: request.request.max_answer_tokens,
+            expected_answer_tokens: request
+                .request
+                .blocks
+                .last()
+                .and_then(|&prompt| models.answers().expect(prompt)),
         };
         let placed: ArrivalPlacement = state.in_flight.place(
             &arrival,
@@ -167,7 +178,7 @@ impl Placer for Arc<Arrivals> {
             memory: Some(RequestHeld::OnArrival(held)),
             finish: Some({
                 let (arrivals, id) = (self.clone(), placed.id);
-                Completion::new(move || arrivals.finish(id))
+                Completion::new(move |answer| arrivals.finish(id, answer))
             }),
             request: request.request,
             snapshot,

@@ -53,11 +53,15 @@ impl Default for PlanParams {
 }
 
 impl PlanParams {
-    /// The answer length the time cost prices a request at: `output_tokens`, or the request's
-    /// own `max_tokens` when it asks for fewer (a 4-token answer decodes beside a group in
-    /// next to no time; pricing it at 256 would split the group for nothing).
-    pub fn answer_tokens(&self, max_answer_tokens: Option<u32>) -> f64 {
-        f64::from(max_answer_tokens.map_or(self.output_tokens, |max| max.min(self.output_tokens)))
+    /// The answer length the time cost prices a request at: what its prompt's answers took
+    /// (`expected`, learned: `crate::answers`), else `output_tokens`; never more than the
+    /// request's own `max_tokens` (a 4-token answer decodes beside a group in next to no time;
+    /// pricing it at 256 would split the group for nothing).
+    pub fn answer_tokens(&self, max_answer_tokens: Option<u32>, expected: Option<f64>) -> f64 {
+        let expected = expected
+            .filter(|tokens| tokens.is_finite() && *tokens >= 1.0)
+            .unwrap_or(f64::from(self.output_tokens));
+        max_answer_tokens.map_or(expected, |max| expected.min(f64::from(max)))
     }
 }
 

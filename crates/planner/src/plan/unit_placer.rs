@@ -94,7 +94,7 @@ impl<'a> UnitPlacer<'a> {
         let load = match balance {
             Balance::Seconds => paces
                 .iter()
-                .map(|pace| micros(pace.seconds(0.0, 0.0, params.answer_tokens(None))))
+                .map(|pace| micros(pace.seconds(0.0, 0.0, params.answer_tokens(None, None))))
                 .collect(),
             _ => load,
         };
@@ -485,7 +485,7 @@ impl<'a> UnitPlacer<'a> {
             for _ in members {
                 pace.add(uncached);
             }
-            let load = micros(pace.seconds(0.0, 0.0, self.params.answer_tokens(None)));
+            let load = micros(pace.seconds(0.0, 0.0, self.params.answer_tokens(None, None)));
             self.total_load = self.total_load - self.load[replica] + load;
             self.load[replica] = load;
         }

@@ -13,6 +13,7 @@
 
 pub mod error;
 pub mod upstream;
+pub mod usage;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -23,6 +23,7 @@ use prometheus::{
 };
 
 use super::error::ProxyError;
+use super::usage::UsageScanner;
 
 /// Response header: the id of the endpoint that served the request.
 pub const ENDPOINT_HEADER: &str = "x-burst-prefix-endpoint";
@@ -506,7 +507,7 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 /// The upstream's answer as a response that streams its body chunk by chunk, with the endpoint
 /// (and window) headers; the request stays in flight (`handle`, and the attempt's gauge) until
-/// the body ends or is dropped.
+/// the body ends or is dropped, and tells the handle the answer's length when its usage says.
 fn streamed(
     answer: Answer,
     endpoint: &Endpoint,
@@ -530,8 +531,15 @@ fn streamed(
     }
     let mut first = true;
     let metrics = metrics.clone();
+    let mut handle = handle;
+    let mut usage = UsageScanner::default();
     let chunks = upstream.bytes_stream().map(move |chunk| {
         let _held = (&handle, &gauge);
+        if let Ok(bytes) = &chunk {
+            if let Some(tokens) = usage.scan(bytes) {
+                handle.answered(tokens);
+            }
+        }
         if first {
             first = false;
             metrics
