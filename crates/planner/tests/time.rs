@@ -370,3 +370,103 @@ fn producers_side_by_side_keep_each_prompts_samples_together() {
         "first choices {firsts:?}; replicas per prompt with three producers {spread_three:?}"
     );
 }
+
+/// `prompts` placed on arrival by one placer, each expecting the answer `expect(prompt)` its
+/// prompt's earlier answers took.
+fn on_arrival_expecting(
+    prompts: &[Vec<BlockHash>],
+    replicas: &[Replica<'_>],
+    expect: impl Fn(&[BlockHash]) -> Option<f64>,
+) -> Vec<Option<usize>> {
+    let mut in_flight = InFlight::new(InFlightSettings::default());
+    in_flight.set_replicas(replicas);
+    prompts
+        .iter()
+        .map(|prompt| {
+            let arrival = Arrival {
+                blocks: prompt,
+                allowed_replicas: None,
+                group_size: None,
+                max_answer_tokens: None,
+                expected_answer_tokens: expect(prompt),
+            };
+            in_flight.place(&arrival, &params(), None, 0).replica
+        })
+        .collect()
+}
+
+#[test]
+fn a_system_prompt_every_request_shares_is_not_piled_onto_the_replicas_holding_it() {
+    let ids = replica_ids(16);
+    let replicas = fleet(&ids, &[]);
+    // 128 agents start on one 4,096-token system prompt, each with 512 tokens of its own, one
+    // every 50 ms (each prefilled before the next): the prefix they share is worth following
+    // only while its holder runs no more than its share.
+    let agents: Vec<Vec<BlockHash>> = (0..128).map(|a| blocks(7, 128, a, 16)).collect();
+    let mut in_flight = InFlight::new(InFlightSettings::default());
+    in_flight.set_replicas(&replicas);
+    let placed: Vec<Option<usize>> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let arrival = Arrival {
+                blocks: prompt,
+                allowed_replicas: None,
+                group_size: None,
+                max_answer_tokens: None,
+                expected_answer_tokens: None,
+            };
+            in_flight
+                .place(&arrival, &params(), None, 50 * i as u64)
+                .replica
+        })
+        .collect();
+    let counts = counts(&placed, 16);
+    let mean = 128.0 / 16.0;
+    assert!(
+        counts.iter().all(|&c| (c as f64) <= 1.1 * mean + 1.0),
+        "{counts:?}"
+    );
+    // A conversation's next turn, which only it shares, stays where its history is.
+    let history = blocks(9, 0, 500, 200);
+    let mut next = history.clone();
+    next.extend(blocks(9, 0, 501, 8).into_iter().skip(0));
+    let placed = on_arrival(&[history, next], &replicas);
+    assert_eq!(placed[0], placed[1]);
+}
+
+#[test]
+fn a_prompt_whose_answers_ran_long_spreads_its_samples_and_a_short_one_keeps_them_together() {
+    let ids = replica_ids(16);
+    let replicas = fleet(&ids, &[]);
+    // 8 prompts x 8 samples; prompts 0-3 answered 4,096 tokens last epoch, 4-7 answered 32.
+    let step = rl_step(8, 8, 0, 64);
+    let long: Vec<BlockHash> = step[..4].iter().map(|p| *p.last().unwrap()).collect();
+    let placed = on_arrival_expecting(&step, &replicas, |prompt| {
+        Some(if long.contains(prompt.last().unwrap()) {
+            4_096.0
+        } else {
+            32.0
+        })
+    });
+    let spread = spread(&step, &placed);
+    let (long_spread, short_spread): (Vec<usize>, Vec<usize>) = {
+        let mut distinct: Vec<&Vec<BlockHash>> = step.iter().collect();
+        distinct.sort();
+        distinct.dedup();
+        let (mut l, mut s) = (Vec::new(), Vec::new());
+        for (prompt, n) in distinct.iter().zip(&spread) {
+            if long.contains(prompt.last().unwrap()) {
+                l.push(*n)
+            } else {
+                s.push(*n)
+            }
+        }
+        (l, s)
+    };
+    assert!(long_spread.iter().all(|&n| n >= 4), "{long_spread:?}");
+    assert_eq!(short_spread, vec![1; 4]);
+    // The long answers, each weighing its length, are spread over every replica.
+    let busy: Vec<usize> = counts(&placed, 16);
+    assert!(busy.iter().all(|&c| c >= 1), "{busy:?}");
+}
