@@ -159,7 +159,7 @@ mod tests {
         }
         assert_eq!(book.len(), PROMPTS);
         assert!(book.expect(0).is_some());
-        assert!(book.prompts.get(&1).is_none(), "the oldest went first");
+        assert!(!book.prompts.contains_key(&1), "the oldest went first");
         assert!(book.order.len() <= 2 * PROMPTS + 1);
         book.clear();
         assert!(book.is_empty() && book.expect(0).is_none());
