@@ -430,7 +430,7 @@ fn a_system_prompt_every_request_shares_is_not_piled_onto_the_replicas_holding_i
     // A conversation's next turn, which only it shares, stays where its history is.
     let history = blocks(9, 0, 500, 200);
     let mut next = history.clone();
-    next.extend(blocks(9, 0, 501, 8).into_iter().skip(0));
+    next.extend(blocks(9, 0, 501, 8));
     let placed = on_arrival(&[history, next], &replicas);
     assert_eq!(placed[0], placed[1]);
 }
