@@ -30,7 +30,7 @@ NODE_DEPS := tests/node/install-deps.sh
 # The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
 FUZZ_SMOKE := fuzz/smoke.sh
 
-.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine bench-fleet crds e2e-node e2e-kind
+.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine bench-fleet bench-blis crds e2e-node e2e-kind
 
 test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 	@tests/vllm/summary.sh "$(BURST_PREFIX_REAL_ENGINE_TESTS_LOG)"
@@ -151,3 +151,19 @@ bench-fleet:
 		--inference-perf-python "$$($(INFERENCE_PERF_SETUP) --print-python)" \
 		--inference-perf-tokenizer "$$($(INFERENCE_PERF_SETUP) --print-tokenizer)" \
 		$(FLEET_BENCH_ARGS)
+
+# Placement judged step by step in BLIS, llm-d's simulator of vLLM (not part of `make test`; see
+# bench/blis/README.md). BLIS is not in the Go module proxy: BLIS_SRC names a git checkout of
+# github.com/inference-sim/inference-sim at the pinned commit (f90a1e3a). The bench copies that
+# commit's tree into the cache, adds bench/blis/'s routing policy (our placer, asked over a pipe)
+# and builds it once (go build, ~10 s; its modules come from the Go module proxy), then runs every
+# route of bench/blis/routes.yaml on its traces. BLIS_ARGS: the bench's flags, e.g.
+# `--instances 16,64 --workloads grpo,agents`, or an outside trace: `--trace-header H.yaml
+# --trace-data D.csv --instances 16 --out F.json` (`target/release/burst-prefix-blis-bench run
+# --help` lists them all).
+BLIS_SRC ?=
+BLIS_ARGS ?=
+bench-blis:
+	@test -n "$(BLIS_SRC)" || { echo "make bench-blis: set BLIS_SRC=DIR, a git checkout of github.com/inference-sim/inference-sim at f90a1e3a (BLIS is not in the Go module proxy)" >&2; exit 2; }
+	nice -n 10 $(CARGO) build --release --locked -p burst-prefix-blis-bench
+	target/release/burst-prefix-blis-bench run --blis-src "$(BLIS_SRC)" $(BLIS_ARGS)

@@ -23,7 +23,10 @@ pub const LOAD_HALF_LIFE_MS_MAX: i64 = 3_600_000;
 /// The longest `engines.loadIntervalMs`: a minute.
 pub const LOAD_INTERVAL_MS_MAX: i64 = 60_000;
 
-/// How the planner balances load across replicas.
+/// How the planner balances load across replicas. Unset: `time` with memory (the default), in a
+/// window as on arrival, since each request then goes where it is answered first; `requests`
+/// without memory (exactly as llm-d places). In a window every mode gives a request that shares
+/// nothing no affinity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum BalanceBy {
@@ -82,7 +85,9 @@ pub struct PlannerConfig {
     #[schemars(range(min = UNLIMITED))]
     pub max_batch_size: i64,
     /// What load means when balancing: `requests`, `tokens` or `time`. Unset: `time` with
-    /// memory, `requests` without (a config without memory places exactly as llm-d does).
+    /// memory (the default), in a window as on arrival, since each request then goes where it
+    /// is answered first; `requests` without memory (a config without memory places exactly as
+    /// llm-d does). In a window every mode gives a request that shares nothing no affinity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balance_by: Option<BalanceBy>,
     /// `window` or `onArrival`. Unset: `window` when windowDurationMs is set above 0,

@@ -30,6 +30,24 @@ pub struct Setup {
     pub max_tokens: u32,
     /// The command that made it.
     pub command: String,
+    /// The bench's round-robin against a plain `blis replay --routing-policy round-robin` of
+    /// the first trace, on BLIS built without our policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_round_robin: Option<PlainCheck>,
+}
+
+/// The bench's BLIS runs BLIS's own routers as BLIS does.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlainCheck {
+    pub trace: String,
+    pub instances: usize,
+    pub bench_makespan_s: f64,
+    pub plain_makespan_s: f64,
+    pub bench_ttft_mean_ms: f64,
+    pub plain_ttft_mean_ms: f64,
+    /// Every cluster figure equal.
+    pub equal: bool,
 }
 
 /// The result file.
@@ -186,6 +204,38 @@ pub fn run_all(bench: &Bench<'_>, work_items: &[Job]) -> Vec<RunReport> {
         .collect()
 }
 
+/// Replays round-robin on `job` with the bench's BLIS and with `plain` (the same commit without
+/// our policy) and compares BLIS's cluster figures.
+pub fn check_plain(bench: &Bench<'_>, plain: &Blis, job: &Job) -> anyhow::Result<PlainCheck> {
+    let args = vec!["--routing-policy".to_string(), "round-robin".to_string()];
+    let replay = Replay {
+        trace_dir: &job.dir,
+        sessions: job.sessions,
+        max_tokens: job.max_tokens,
+        setting: bench.setting,
+        instances: job.instances,
+        seed: bench.seed,
+        args: &args,
+        limit: bench.limit,
+    };
+    let ours = bench
+        .blis
+        .replay(&replay, None, &bench.work.join("plain-check/bench"))?
+        .cluster;
+    let plain = plain
+        .replay(&replay, None, &bench.work.join("plain-check/plain"))?
+        .cluster;
+    Ok(PlainCheck {
+        trace: job.name.clone(),
+        instances: job.instances,
+        bench_makespan_s: ours.vllm_estimated_duration_s,
+        plain_makespan_s: plain.vllm_estimated_duration_s,
+        bench_ttft_mean_ms: ours.ttft_mean_ms,
+        plain_ttft_mean_ms: plain.ttft_mean_ms,
+        equal: ours == plain,
+    })
+}
+
 /// Writes `results` as `out` (JSON), with the tables (`.md`) and the chart (`.svg`) beside it.
 pub fn publish(results: &Results, out: &Path) -> anyhow::Result<()> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -226,6 +276,8 @@ pub struct StoredSetup {
     pub routes: Vec<Route>,
     pub max_tokens: u32,
     pub command: String,
+    #[serde(default)]
+    pub plain_round_robin: Option<PlainCheck>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

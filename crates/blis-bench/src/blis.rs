@@ -53,6 +53,16 @@ impl Blis {
     /// BLIS at [`PINNED`] from the git checkout `source`, with our policy, built under `cache`
     /// (once: a build whose sources are unchanged is reused).
     pub fn build(source: &Path, cache: &Path) -> anyhow::Result<Blis> {
+        Blis::build_from(source, cache, true)
+    }
+
+    /// The same commit as it is, without our policy: what the bench's round-robin is checked
+    /// against.
+    pub fn build_plain(source: &Path, cache: &Path) -> anyhow::Result<Blis> {
+        Blis::build_from(source, cache, false)
+    }
+
+    fn build_from(source: &Path, cache: &Path, ours: bool) -> anyhow::Result<Blis> {
         let commit = git(source, &["rev-parse", "HEAD"]).with_context(|| {
             format!(
                 "BLIS_SRC={} is not a git checkout of BLIS (github.com/inference-sim/inference-sim)",
@@ -67,13 +77,19 @@ impl Blis {
                 source.display()
             );
         }
-        let key = xxhash_rust::xxh64::xxh64(format!("{commit}{POLICY}{REGISTER}").as_bytes(), 0);
-        let dir = cache.join(format!("blis-{PINNED}-{key:016x}"));
+        let key = match ours {
+            true => format!(
+                "{:016x}",
+                xxhash_rust::xxh64::xxh64(format!("{commit}{POLICY}{REGISTER}").as_bytes(), 0)
+            ),
+            false => "plain".to_string(),
+        };
+        let dir = cache.join(format!("blis-{PINNED}-{key}"));
         let binary = dir.join("blis");
         if binary.exists() {
             return Ok(Blis { dir, commit });
         }
-        let building = cache.join(format!("blis-{PINNED}-{key:016x}.building"));
+        let building = cache.join(format!("blis-{PINNED}-{key}.building"));
         let _ = std::fs::remove_dir_all(&building);
         std::fs::create_dir_all(&building)?;
         // The commit's tree, without whatever else the checkout holds.
@@ -94,12 +110,14 @@ impl Blis {
         if !status.success() {
             bail!("unpacking BLIS {commit} failed: tar {status}");
         }
-        std::fs::write(building.join("sim/routing_burst_prefix.go"), POLICY)?;
-        std::fs::write(building.join("register.patch"), REGISTER)?;
-        run(Command::new("git")
-            .current_dir(&building)
-            .args(["apply", "register.patch"]))
-        .context("registering the burst-prefix policy in BLIS")?;
+        if ours {
+            std::fs::write(building.join("sim/routing_burst_prefix.go"), POLICY)?;
+            std::fs::write(building.join("register.patch"), REGISTER)?;
+            run(Command::new("git")
+                .current_dir(&building)
+                .args(["apply", "register.patch"]))
+            .context("registering the burst-prefix policy in BLIS")?;
+        }
         run(Command::new("go")
             .current_dir(&building)
             .args(["build", "-o", "blis", "."]))

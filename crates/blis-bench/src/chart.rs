@@ -5,7 +5,7 @@ use burst_prefix_engine_bench::chart::grouped_bars;
 use plotters::prelude::*;
 
 use crate::bench::Stored;
-use crate::report::{RouteFigures, BASELINE};
+use crate::report::{RouteFigures, RunReport, BASELINE};
 
 /// The chart as an SVG document.
 pub fn svg(json: &serde_json::Value) -> Result<String, String> {
@@ -35,10 +35,12 @@ pub fn svg(json: &serde_json::Value) -> Result<String, String> {
             .iter()
             .map(|r| r.name.as_str())
             .collect();
-        type Figure = fn(&RouteFigures) -> f64;
+        type Figure = fn(&RunReport, &RouteFigures) -> f64;
         let figures: [(&str, Figure); 2] = [
-            ("makespan (RL: the steps')", RouteFigures::judged_makespan_s),
-            ("TTFT mean", |f| f.ttft_mean_ms),
+            ("makespan (RL steps: theirs)", |run, f| {
+                run.judged_makespan_s(f)
+            }),
+            ("TTFT mean", |_, f| f.ttft_mean_ms),
         ];
         for (row, &size) in sizes.iter().enumerate() {
             let runs: Vec<_> = stored.runs.iter().filter(|r| r.instances == size).collect();
@@ -47,11 +49,11 @@ pub fn svg(json: &serde_json::Value) -> Result<String, String> {
                 let values: Vec<Vec<Option<f64>>> = runs
                     .iter()
                     .map(|run| {
-                        let base = run.routes.get(BASELINE).map(figure);
+                        let base = run.routes.get(BASELINE).map(|f| figure(run, f));
                         routes
                             .iter()
                             .map(|route| {
-                                let value = figure(run.routes.get(*route)?);
+                                let value = figure(run, run.routes.get(*route)?);
                                 base.filter(|b| *b > 0.0).map(|b| value / b)
                             })
                             .collect()

@@ -258,20 +258,35 @@ fn run_bench(run: Run) -> anyhow::Result<()> {
         }
     };
     let placer = std::env::current_exe().context("finding this binary (the placer)")?;
-    let runs = bench::run_all(
-        &Bench {
-            blis: &blis,
-            setting: &setting,
-            routes: &routes,
-            seed: run.seed,
-            jobs: run.jobs,
-            limit: Duration::from_secs(run.limit_s),
-            placer: &placer,
-            extra: &run.blis_args,
-            work: &work,
-        },
-        &jobs,
-    );
+    let bench = Bench {
+        blis: &blis,
+        setting: &setting,
+        routes: &routes,
+        seed: run.seed,
+        jobs: run.jobs,
+        limit: Duration::from_secs(run.limit_s),
+        placer: &placer,
+        extra: &run.blis_args,
+        work: &work,
+    };
+    let plain_round_robin = match jobs.first() {
+        Some(first) => {
+            eprintln!("checking round-robin against BLIS without our policy ...");
+            let plain = Blis::build_plain(&run.blis_src, &cache)?;
+            let check = bench::check_plain(&bench, &plain, first)?;
+            eprintln!(
+                "round-robin on {} x{}: bench {:.3} s, plain {:.3} s: {}",
+                check.trace,
+                check.instances,
+                check.bench_makespan_s,
+                check.plain_makespan_s,
+                if check.equal { "equal" } else { "DIFFERENT" }
+            );
+            Some(check)
+        }
+        None => None,
+    };
+    let runs = bench::run_all(&bench, &jobs);
     let failed: usize = runs.iter().map(|r| r.failed.len()).sum();
     let outside_routes: Option<BTreeMap<_, _>> = outside
         .as_ref()
@@ -286,6 +301,7 @@ fn run_bench(run: Run) -> anyhow::Result<()> {
             routes,
             max_tokens: jobs.first().map_or(run.max_tokens, |j| j.max_tokens),
             command,
+            plain_round_robin,
         },
         runs,
         routes: outside_routes,

@@ -104,9 +104,13 @@ impl RouteFigures {
         figures
     }
 
-    /// What an RL workload is judged by: its steps' makespans when it has steps, else BLIS's.
-    pub fn judged_makespan_s(&self) -> f64 {
-        self.steps_s.unwrap_or(self.makespan_s)
+    /// The makespan a workload judged by `objective` is judged by: its steps' (summed) for
+    /// synchronous RL steps, else BLIS's.
+    pub fn judged_makespan_s(&self, objective: Option<Objective>) -> f64 {
+        match (objective, self.steps_s) {
+            (Some(Objective::Steps), Some(steps)) => steps,
+            _ => self.makespan_s,
+        }
     }
 }
 
@@ -139,6 +143,11 @@ pub const BASELINE: &str = "round-robin";
 pub const OURS: &str = "ours";
 
 impl RunReport {
+    /// `figures`' makespan as this run is judged by it.
+    pub fn judged_makespan_s(&self, figures: &RouteFigures) -> f64 {
+        figures.judged_makespan_s(self.objective)
+    }
+
     /// The best of the routes that are not ours by `figure` (lowest), with its name.
     pub fn best_peer(&self, figure: impl Fn(&RouteFigures) -> f64) -> Option<(&str, f64)> {
         self.routes
@@ -243,13 +252,17 @@ mod tests {
         let figures = RouteFigures::from_outcome(&outcome, Some(&by_id));
         assert_eq!(figures.step_makespans_s, vec![20.0, 30.0]);
         assert_eq!(figures.steps_s, Some(50.0));
-        assert_eq!(figures.judged_makespan_s(), 50.0);
+        assert_eq!(figures.judged_makespan_s(Some(Objective::Steps)), 50.0);
+        assert_eq!(figures.judged_makespan_s(Some(Objective::Makespan)), 130.0);
         assert_eq!(figures.ttft_mean_ms_by_class["rl"], 2.0);
         assert_eq!(figures.ttft_mean_ms_by_class["chat"], 0.5);
         // An outside trace: BLIS's figures alone.
         let outside = RouteFigures::from_outcome(&outcome, None);
         assert_eq!(
-            (outside.steps_s, outside.judged_makespan_s()),
+            (
+                outside.steps_s,
+                outside.judged_makespan_s(Some(Objective::Steps))
+            ),
             (None, 130.0)
         );
     }

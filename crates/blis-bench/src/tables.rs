@@ -29,6 +29,21 @@ pub fn markdown(json: &serde_json::Value, file: &str) -> anyhow::Result<String> 
         setup.max_tokens,
         setup.command,
     );
+    if let Some(check) = &setup.plain_round_robin {
+        let _ = writeln!(
+            md,
+            "The bench's BLIS (with our policy added) against BLIS without it, round-robin on {} \
+             x{}: makespan {:.3} s and {:.3} s, TTFT mean {:.1} ms and {:.1} ms: every cluster \
+             figure {}.\n",
+            check.trace,
+            check.instances,
+            check.bench_makespan_s,
+            check.plain_makespan_s,
+            check.bench_ttft_mean_ms,
+            check.plain_ttft_mean_ms,
+            if check.equal { "equal" } else { "NOT equal" }
+        );
+    }
     let _ = writeln!(md, "Routes:\n");
     for route in &setup.routes {
         match route.planner_yaml() {
@@ -52,9 +67,9 @@ pub fn markdown(json: &serde_json::Value, file: &str) -> anyhow::Result<String> 
     );
     let _ = writeln!(
         md,
-        "Makespan is each RL step's, from its arrival to its last answer, summed over the steps \
-         where the trace has steps (`stepsS`), else BLIS's `makespanS`; best = the lowest of \
-         the routes that are not ours.\n"
+        "Makespan is, for synchronous RL steps (grpo, grpo-saturated, epochs, chat-and-rl's \
+         step), each step's from its arrival to its last answer, summed (`stepsS`); else \
+         BLIS's `makespanS`. Best = the lowest of the routes that are not ours.\n"
     );
     let _ = writeln!(
         md,
@@ -119,17 +134,17 @@ fn summary_row(run: &RunReport, name: &str, ours: &RouteFigures) -> String {
             .map_or("-".to_string(), |b| format!("{:.2}", a / b))
     };
     let rr = run.routes.get(BASELINE);
-    let best_makespan = run.best_peer(RouteFigures::judged_makespan_s);
+    let best_makespan = run.best_peer(|f| run.judged_makespan_s(f));
     let best_ttft = run.best_peer(|f| f.ttft_mean_ms);
     format!(
         "| {} | {} | {name} | {} ({}) | {} | {} | {} ({}) | {} |",
         run.workload,
         run.instances,
-        ratio(ours.judged_makespan_s(), best_makespan.map(|b| b.1)),
+        ratio(run.judged_makespan_s(ours), best_makespan.map(|b| b.1)),
         best_makespan.map_or("-", |b| b.0),
         ratio(
-            ours.judged_makespan_s(),
-            rr.map(RouteFigures::judged_makespan_s)
+            run.judged_makespan_s(ours),
+            rr.map(|r| run.judged_makespan_s(r))
         ),
         ratio(ours.ttft_mean_ms, rr.map(|r| r.ttft_mean_ms)),
         ratio(ours.ttft_mean_ms, best_ttft.map(|b| b.1)),

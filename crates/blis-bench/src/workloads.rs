@@ -13,11 +13,13 @@ use std::fmt::Write as _;
 use burst_prefix_simulator::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
-/// What a workload's routes are judged by (docs/load-benches.md): an RL step by its makespan,
-/// a stream by its time to first token.
+/// What a workload's routes are judged by (bench/blis/README.md): synchronous RL steps by their
+/// makespans (each from its arrival to its last answer, summed), overlapping ones by the whole
+/// run's, a stream by its time to first token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Objective {
+    Steps,
     Makespan,
     Ttft,
 }
@@ -70,7 +72,10 @@ impl Workload {
     pub fn objective(self) -> Objective {
         match self {
             Workload::Agents => Objective::Ttft,
-            _ => Objective::Makespan,
+            Workload::AsyncRl => Objective::Makespan,
+            Workload::Grpo | Workload::GrpoSaturated | Workload::Epochs | Workload::ChatAndRl => {
+                Objective::Steps
+            }
         }
     }
 

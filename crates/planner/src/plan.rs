@@ -120,7 +120,7 @@ fn place_units(
     // block (a system prompt) are placed, so that their next turns find them remembered.
     let unit_n = if recall.is_some() { n.max(1) } else { n };
     let timed = params.balance_by == BalanceBy::Time;
-    let mut units = form_units(batch, unit_n, timed, |blocks| {
+    let mut units = form_units(batch, unit_n, |blocks| {
         recall
             .as_mut()
             .is_some_and(|recall| recall.holds_leading(blocks, n.max(1)))

@@ -174,11 +174,12 @@ fn a_fan_out_on_a_system_prompt_leaves_no_replica_idle() {
 fn a_conversation_stays_with_its_history_until_that_replica_is_much_busier() {
     let ids = replica_ids(4);
     let mut memory = memory(1_000_000, 0);
-    // Turn one of a conversation (a 512-block history, 16,384 tokens) lands somewhere.
+    // Turn one of a conversation (a 512-block history, 16,384 tokens) lands somewhere: sent
+    // twice, so that the window places it (a lone request gets no affinity, §4 rule 2).
     let history = blocks(7, 0, 7, 512);
     let first = window_with(
         &mut memory,
-        std::slice::from_ref(&history),
+        &[history.clone(), history.clone()],
         &fleet(&ids, &[]),
     );
     let home = first.assignments[0].unwrap();
@@ -216,7 +217,7 @@ fn a_prefix_shorter_than_min_colocate_blocks_is_not_followed() {
     let history = blocks(7, 0, 7, 512);
     let home = window_with(
         &mut memory,
-        std::slice::from_ref(&history),
+        &[history.clone(), history.clone()],
         &fleet(&ids, &[]),
     )
     .assignments[0]
@@ -237,13 +238,25 @@ fn a_prefix_shorter_than_min_colocate_blocks_is_not_followed() {
 }
 
 #[test]
-fn distinct_prompts_on_idle_replicas_spread() {
+fn distinct_prompts_spread_on_arrival_and_get_no_affinity_in_a_window() {
     let ids = replica_ids(2);
     let prompts = vec![blocks(1, 0, 1, 30), blocks(2, 0, 2, 30)];
+    // On arrival each is the first of a group that may follow: it is placed, apart.
     let placed = on_arrival(&prompts, &fleet(&ids, &[]));
     assert_ne!(placed[0], placed[1], "{placed:?}");
+    // In a window neither forms a unit: no affinity, as in `requests` and `tokens` (§4 rule 2).
     let placed = window(&prompts, &fleet(&ids, &[])).assignments;
-    assert_ne!(placed[0], placed[1], "{placed:?}");
+    assert_eq!(placed, vec![None, None]);
+    // Two copies of each do, and the two units spread.
+    let pairs = vec![
+        prompts[0].clone(),
+        prompts[0].clone(),
+        prompts[1].clone(),
+        prompts[1].clone(),
+    ];
+    let placed = window(&pairs, &fleet(&ids, &[])).assignments;
+    assert_eq!((placed[0], placed[2]), (placed[1], placed[3]));
+    assert_ne!(placed[0], placed[2], "{placed:?}");
 }
 
 /// The time cost's params of a producer beside others (active-active).

@@ -161,6 +161,48 @@ async fn identical_streams_get_the_same_destination_and_the_body_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_window_a_request_sharing_nothing_gets_no_affinity_whatever_the_balance() {
+    for balance in ["requests", "tokens", "time"] {
+        let yaml = endpoints(3, 300).replace(
+            "balanceBy: requests\n",
+            &format!("balanceBy: {balance}\nblockSizeTokens: 16\n"),
+        );
+        let local = Local::start(&yaml).await;
+        let shared = payload(&"Solve the following problem step by step. ".repeat(280));
+        let lone = payload("What is the capital of France?");
+        let streams = (0..13).map(|i| {
+            let local = &local;
+            let payload = if i < 12 { shared.clone() } else { lone.clone() };
+            async move {
+                let mut stream = ExtProc::open(local).await;
+                stream.send(headers(false, None, None)).await;
+                send_body(&stream, &payload, 4096).await;
+                destination(&stream.next().await)
+            }
+        });
+        let destinations = futures::future::join_all(streams).await;
+        assert!(
+            destinations[..12].iter().all(|d| *d == destinations[0]),
+            "{balance}: {destinations:?}"
+        );
+        let metrics = local.metrics().await;
+        let count = |outcome: &str| {
+            sample(
+                &metrics,
+                &format!("burst_prefix_requests_total{{outcome=\"{outcome}\"}}"),
+            )
+        };
+        // The lone request is routed by load, not by the plan.
+        assert_eq!(
+            (count("assigned"), count("no_affinity")),
+            (12.0, 1.0),
+            "{balance}"
+        );
+        local.service.shutdown(Duration::from_secs(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subset_hint_is_obeyed_and_an_empty_one_gets_503() {
     let local = Local::start(&endpoints(4, 20)).await;
     let mut stream = ExtProc::open(&local).await;

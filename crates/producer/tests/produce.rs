@@ -146,6 +146,63 @@ async fn a_lone_request_and_an_empty_prompt_get_no_affinity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_window_a_request_sharing_nothing_gets_no_affinity_whatever_the_balance() {
+    // The seed's settings: 12 copies of a ~3,000-token prompt and one unrelated request, at
+    // once, in every balance mode and with `balanceBy` left to its default (`time`).
+    for balance in [
+        "balanceBy: requests\n",
+        "balanceBy: tokens\n",
+        "balanceBy: time\n",
+        "",
+    ] {
+        let local = Local::start(&format!(
+            "windowDurationMs: 300\nmaxPerReplica: -1\nblockSizeTokens: 16\nminColocateBlocks: 0\n{balance}{}",
+            endpoints(3)
+        ))
+        .await;
+        let shared = completion(&"Solve the following problem step by step. ".repeat(280));
+        let lone = completion("What is the capital of France?");
+        let mut sends: Vec<_> = (0..12)
+            .map(|_| (true, shared.clone()))
+            .chain([(false, lone)])
+            .map(|(copy, body)| {
+                let client = local.client.clone();
+                let url = format!("{}/v1/produce", local.base);
+                tokio::spawn(
+                    async move { (copy, common::post(&client, &url, body.to_string()).await) },
+                )
+            })
+            .collect();
+        local.until_window_holds(13).await;
+        let mut copies = Vec::new();
+        for send in sends.drain(..) {
+            let (copy, (status, _, answer)) = send.await.unwrap();
+            assert_eq!(status, 200, "{answer}");
+            if copy {
+                copies.push(answer["assignedEndpoint"].clone());
+            } else {
+                assert_eq!(
+                    answer["assignedEndpoint"],
+                    Value::Null,
+                    "{balance}: {answer}"
+                );
+                assert!(answer["matches"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|m| m["matchBlocks"] == 0));
+            }
+        }
+        assert!(copies[0].is_string(), "{balance}: {copies:?}");
+        assert!(
+            copies.iter().all(|c| *c == copies[0]),
+            "{balance}: {copies:?}"
+        );
+        local.service.shutdown(Duration::from_secs(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_status_and_code() {
     let local = Local::start_with_limits(
         &format!(

@@ -66,6 +66,32 @@ fn lone_request_and_empty_request_get_no_affinity() {
 }
 
 #[test]
+fn a_lone_request_beside_a_group_gets_no_affinity_in_every_balance_mode_with_memory() {
+    // The seed's settings: 12 copies of one prompt and one unrelated request, in one window.
+    let mut prompts = copies(blocks(1, 190, 0, 0), 12);
+    prompts.push(blocks(2, 0, 9, 40));
+    for balance_by in [BalanceBy::Requests, BalanceBy::Tokens, BalanceBy::Time] {
+        let mut memory = crate::testing::memory(100_000, 0);
+        let plan = assign_with_memory(
+            &batch(&prompts),
+            &replicas(&replica_ids(3)),
+            &params(-1, 0, balance_by),
+            &mut memory,
+            0,
+        );
+        assert!(
+            plan.assignments[..12]
+                .iter()
+                .all(|a| *a == plan.assignments[0]),
+            "{balance_by:?}: {:?}",
+            plan.assignments
+        );
+        assert!(plan.assignments[0].is_some(), "{balance_by:?}");
+        assert_eq!(plan.assignments[12], None, "{balance_by:?}");
+    }
+}
+
+#[test]
 fn two_distinct_groups_land_on_different_replicas() {
     let mut prompts = copies(blocks(1, 4, 0, 0), 8);
     prompts.extend(copies(blocks(2, 4, 0, 0), 8));
@@ -366,4 +392,84 @@ proptest! {
         let plan = run(&prompts, r, p);
         prop_assert_eq!(&plan.loads, &per_replica(&plan, r).into_iter().map(|c| c as u64).collect::<Vec<_>>());
     }
+}
+
+/// A window in `time` mode (with memory, as the producer plans it), 64-token blocks.
+fn run_time(prompts: &[Vec<BlockHash>], replica_count: usize, k: i64, n: usize) -> Plan {
+    let mut memory = crate::testing::memory(100_000, 0);
+    let params = PlanParams {
+        block_tokens: 64,
+        ..params(k, n, BalanceBy::Time)
+    };
+    assign_with_memory(
+        &batch(prompts),
+        &replicas(&replica_ids(replica_count)),
+        &params,
+        &mut memory,
+        0,
+    )
+}
+
+#[test]
+fn time_mode_keeps_the_rules_of_units_and_prefixes_and_spreads_copies_of_a_short_prompt() {
+    // As in `requests` and `tokens`: a lone request and empty ones get no affinity; families
+    // sharing N blocks stay together; the fair share stops a stampede; a single sharing N
+    // blocks joins its group, sharing fewer it gets no affinity.
+    let lone = run_time(&[blocks(1, 4, 0, 0), vec![], vec![]], 4, -1, 0);
+    assert_eq!(lone.assignments, vec![None, None, None]);
+    let mut families = Vec::new();
+    for tag in 0..2 {
+        for family in 1..=2 {
+            families.extend(copies(blocks(family, 2, family * 10 + tag, 2), 2));
+        }
+    }
+    let plan = run_time(&families, 2, -1, 2);
+    assert_eq!(per_replica(&plan, 2), vec![4, 4]);
+    assert!([1, 4, 5]
+        .iter()
+        .all(|&i| plan.assignments[i] == plan.assignments[0]));
+    let mut stampede = Vec::new();
+    for tag in 0..4 {
+        stampede.extend(copies(blocks(1, 2, tag, 2), 2));
+    }
+    assert_eq!(
+        per_replica(&run_time(&stampede, 4, -1, 2), 4),
+        vec![2, 2, 2, 2]
+    );
+    let mut attached = copies(blocks(1, 3, 0, 1), 2);
+    for family in 2..=4 {
+        attached.extend(copies(blocks(family, 3, 0, 1), 2));
+    }
+    attached.push(blocks(1, 3, 99, 1));
+    let plan = run_time(&attached, 4, -1, 3);
+    assert_eq!(plan.assignments[8], plan.assignments[0]);
+    attached[8] = blocks(1, 2, 99, 2);
+    attached[0] = blocks(1, 2, 0, 2);
+    attached[1] = blocks(1, 2, 0, 2);
+    assert_eq!(run_time(&attached, 4, -1, 3).assignments[8], None);
+    // Unlike them: 8 copies of a 256-token prompt (4 blocks) on 4 idle replicas go 2 to each
+    // whatever k allows, where `requests` puts them on one (k = -1) or two (k = 4). Priced in
+    // seconds, each copy is answered sooner beside fewer others than beside its prompt's cached
+    // prefix, which saves only 256 tokens of prefill; k stays a maximum, never a target.
+    let eight = copies(blocks(1, 4, 0, 0), 8);
+    for k in [-1, 4, 2] {
+        assert_eq!(
+            per_replica(&run_time(&eight, 4, k, 0), 4),
+            vec![2, 2, 2, 2],
+            "k = {k}"
+        );
+    }
+    assert_eq!(
+        per_replica(&run(&eight, 4, params(-1, 0, BalanceBy::Requests)), 4),
+        vec![8, 0, 0, 0]
+    );
+    // A long prompt's copies stay together: 2,048 tokens of prefill saved outweigh the decode.
+    let long = copies(blocks(1, 32, 0, 0), 8);
+    assert_eq!(
+        per_replica(&run_time(&long, 4, -1, 0), 4)
+            .iter()
+            .filter(|&&c| c > 0)
+            .count(),
+        1
+    );
 }

@@ -44,12 +44,11 @@ impl Unit<'_> {
 }
 
 /// Steps 1-3: group identical block sequences, keep the units, order them. A single that is no
-/// unit by §4 becomes a warm one if `is_warm` says so, and with `every_single` (time mode, where
-/// every request is priced) a unit anyway.
+/// unit by §4 becomes a warm one if `is_warm` says so; otherwise it gets no affinity, whatever
+/// `balanceBy` is (§4 rule 2: the gateway's own scorers place it).
 pub(super) fn form_units<'a>(
     batch: &[BatchRequest<'a>],
     min_colocate_blocks: usize,
-    every_single: bool,
     mut is_warm: impl FnMut(&[BlockHash]) -> bool,
 ) -> Vec<Unit<'a>> {
     let mut group_of: HashMap<Chain<'a>, usize, BuildBlockHasher> =
@@ -96,7 +95,7 @@ pub(super) fn form_units<'a>(
                 unit.kind = UnitKind::Warm;
                 Some(unit)
             } else {
-                every_single.then_some(unit)
+                None
             }
         })
         .collect();
