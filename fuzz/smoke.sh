@@ -30,7 +30,7 @@ install_root="$cache_root/cargo-fuzz-$version"
 cargo_fuzz="$install_root/bin/cargo-fuzz"
 target_dir="$cache_root/fuzz-target"
 seconds="${FUZZ_SMOKE_SECONDS:-10}"
-all_targets=(request_body producer_config proxy ext_proc)
+all_targets=(request_body producer_config proxy ext_proc engine_metrics)
 
 if [[ "${1:-}" == "--print-cargo-fuzz" ]]; then
     echo "$cargo_fuzz"

@@ -2,6 +2,7 @@
 //! `fuzz_targets/` only hand them over). Every check panics on a broken property, which
 //! libFuzzer reports as a crash with the input that broke it.
 
+pub mod engine_metrics;
 pub mod ext_proc;
 pub mod producer_config;
 pub mod proxy;
@@ -40,7 +41,8 @@ mod tests {
     #[test]
     fn committed_seeds_pass_their_checks() {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
-        let targets: [(&str, fn(&[u8])); 4] = [
+        let targets: [(&str, fn(&[u8])); 5] = [
+            ("engine_metrics", crate::engine_metrics::check),
             ("ext_proc", crate::ext_proc::check),
             ("proxy", crate::proxy::check),
             ("producer_config", crate::producer_config::check),

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use burst_prefix_engine_state::speed::{Counters, SpeedLearner};
+use burst_prefix_engine_state::speed::{Counters, SpeedLearner, Verdict};
 use burst_prefix_engine_state::tokenizer::{ChatOptions, Tokenizer};
 use burst_prefix_engine_state::{EngineIndex, IndexConfig};
 use burst_prefix_planner::AnswerBook;
@@ -35,8 +35,11 @@ pub struct Engines {
     load: RwLock<HashMap<String, u64>>,
     /// Endpoint ids whose `/metrics` were scraped at least once, answered or not.
     scraped: RwLock<HashSet<String>>,
-    /// Per endpoint id, its speed as learned from its `/metrics` counters.
-    speeds: RwLock<HashMap<String, SpeedLearner>>,
+    /// Per endpoint id, its speed as learned from its `/metrics` counters, and the class of
+    /// what it last taught (for the log line when that changes).
+    speeds: RwLock<HashMap<String, (SpeedLearner, Learning)>>,
+    /// Per endpoint id, the address its learned state was learned at.
+    addresses: Mutex<HashMap<String, String>>,
     /// Bumped whenever a load or a speed changes (placers that cache them look again).
     heard: AtomicU64,
     /// The weight version the latest request named (`x-burst-prefix-weight-version`).
@@ -80,6 +83,7 @@ impl Engines {
             load: RwLock::new(HashMap::new()),
             scraped: RwLock::new(HashSet::new()),
             speeds: RwLock::new(HashMap::new()),
+            addresses: Mutex::new(HashMap::new()),
             heard: AtomicU64::new(0),
             weight_version: Mutex::new(None),
             outcomes,
@@ -265,16 +269,39 @@ impl Engines {
         self.heard.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One scrape of `endpoint`'s counters, to learn its speed from.
-    pub fn observe_speed(&self, endpoint: &str, counters: Counters) {
-        self.speeds
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+    /// One scrape of `endpoint`'s counters, read at `at` seconds (a monotonic clock), to learn
+    /// its speed from; says what it did (a rejected scrape is counted by the caller). A log line
+    /// says when what the replica teaches changes class.
+    pub fn observe_speed(&self, endpoint: &str, counters: Counters, at: f64) -> Verdict {
+        let mut speeds = self.speeds.write().unwrap_or_else(|p| p.into_inner());
+        let (learner, class) = speeds
             .entry(endpoint.to_string())
-            .or_default()
-            .observe(counters);
-        tracing::debug!(endpoint, ?counters, speed = ?self.speed(endpoint, Speed::default()), "engine speed");
+            .or_insert_with(|| (SpeedLearner::new(), Learning::Prior));
+        let verdict = learner.observe(counters, at);
+        let now = match verdict {
+            Verdict::Rejected(_) => Learning::Rejected,
+            Verdict::Reset => Learning::Reset,
+            Verdict::Learned => Learning::Learned,
+            Verdict::Baseline if learner.relaxed() && *class != Learning::Prior => {
+                Learning::Reprobed
+            }
+            Verdict::Baseline => *class,
+        };
+        if now != *class {
+            let speed = learner.speed(Speed::default());
+            match verdict {
+                Verdict::Rejected(what) => tracing::warn!(
+                    endpoint,
+                    what,
+                    "engine speed: a /metrics scrape moved more than an engine can; rejected"
+                ),
+                _ => tracing::info!(endpoint, learning = now.label(), ?speed, "engine speed"),
+            }
+            *class = now;
+        }
+        drop(speeds);
         self.heard.fetch_add(1, Ordering::Relaxed);
+        verdict
     }
 
     /// `endpoint`'s speed: learned from its counters, `prior` until enough was seen.
@@ -283,7 +310,49 @@ impl Engines {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(endpoint)
-            .map_or(prior, |learner| learner.speed(prior))
+            .map_or(prior, |(learner, _)| learner.speed(prior))
+    }
+
+    /// Follows the endpoints in force (`(id, address)`): what was learned of an endpoint that
+    /// left, or whose address changed (another engine), is forgotten.
+    pub fn follow_endpoints<'a>(&self, endpoints: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let now: HashMap<String, String> = endpoints
+            .into_iter()
+            .map(|(id, address)| (id.to_string(), address.to_string()))
+            .collect();
+        let mut addresses = self.addresses.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<String> = addresses
+            .iter()
+            .filter(|(id, address)| now.get(*id) != Some(*address))
+            .map(|(id, _)| id.clone())
+            .collect();
+        *addresses = now;
+        drop(addresses);
+        if !gone.is_empty() {
+            self.forget_learned(Some(&gone));
+        }
+    }
+
+    /// Forgets what was learned of `endpoints` (`None`: of every endpoint): their speeds and
+    /// loads (`POST /v1/memory/reset`, an endpoint that left or moved).
+    pub fn forget_learned(&self, endpoints: Option<&[String]>) {
+        let mut speeds = self.speeds.write().unwrap_or_else(|p| p.into_inner());
+        let mut loads = self.load.write().unwrap_or_else(|p| p.into_inner());
+        match endpoints {
+            None => {
+                speeds.clear();
+                loads.clear();
+            }
+            Some(endpoints) => {
+                for id in endpoints {
+                    if speeds.remove(id).is_some() {
+                        tracing::info!(endpoint = id.as_str(), learning = "reset", "engine speed");
+                    }
+                    loads.remove(id);
+                }
+            }
+        }
+        self.heard.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Changes with every load or speed heard: equal values mean nothing new.
@@ -310,6 +379,32 @@ impl Engines {
 
     fn count(&self, outcome: &str) {
         self.outcomes.with_label_values(&[outcome]).inc();
+    }
+}
+
+/// The class of what a replica's `/metrics` teach its speed, logged when it changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Learning {
+    /// Nothing yet (the prior stands).
+    Prior,
+    Learned,
+    /// Its last scrape was rejected.
+    Rejected,
+    /// A counter went back or came back: a new baseline.
+    Reset,
+    /// It showed no work long enough for the prior to stand again: it is tried again.
+    Reprobed,
+}
+
+impl Learning {
+    fn label(self) -> &'static str {
+        match self {
+            Learning::Prior => "prior",
+            Learning::Learned => "learned",
+            Learning::Rejected => "rejected",
+            Learning::Reset => "reset",
+            Learning::Reprobed => "re-probed",
+        }
     }
 }
 

@@ -4,8 +4,12 @@
 //! A replica with several engines (data parallel: an `engine` label) is summed over them for the
 //! request counts and averaged for the cache usage. `vllm:gpu_cache_usage_perc` (older vLLM) is
 //! read when `vllm:kv_cache_usage_perc` is absent. Both are fractions (0 to 1) despite the name.
+//!
+//! Each replica is scraped by a task of its own on its own interval, so one replica's slow or
+//! huge `/metrics` never delays another's: a scrape reads at most [`MAX_BODY_BYTES`] (more is a
+//! failure, `too_large`) and is parsed off the async workers, all within its timeout.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -85,12 +89,18 @@ pub fn parse_load(text: &str) -> Vec<EngineLoad> {
         .collect()
 }
 
+/// The most of a `/metrics` answer a scrape reads: vLLM's is tens of kilobytes.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
 /// Why a scrape failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ScrapeError {
-    /// No answer within the timeout.
+    /// No answer (read and parsed) within the timeout.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// An answer longer than [`MAX_BODY_BYTES`].
+    #[error("an answer longer than {0} bytes")]
+    TooLarge(usize),
     /// The request failed (connection, body).
     #[error("request: {0}")]
     Http(#[from] reqwest::Error),
@@ -107,35 +117,65 @@ impl ScrapeError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             ScrapeError::Timeout(_) => "timeout",
+            ScrapeError::TooLarge(_) => "too_large",
             ScrapeError::Http(_) => "http",
             ScrapeError::Status(_) => "status",
-            ScrapeError::NoMetrics => "no_metrics",
+            ScrapeError::NoMetrics => "unparsable",
         }
     }
+
+    /// Every label [`ScrapeError::metric_label`] gives, and the learner's rejections.
+    pub const LABELS: [&'static str; 6] = [
+        "timeout",
+        "too_large",
+        "http",
+        "status",
+        "unparsable",
+        "rejected_sample",
+    ];
 }
 
-/// Scrapes one `/metrics` URL within `timeout` and parses the load, and the counters its speed
-/// is learned from (`crate::speed`).
+/// Scrapes one `/metrics` URL within `timeout` (read, at most [`MAX_BODY_BYTES`], and parsed
+/// off the async workers) and parses the load, and the counters its speed is learned from
+/// (`crate::speed`).
 pub async fn scrape_load(
     client: &reqwest::Client,
     url: &str,
     timeout: Duration,
 ) -> Result<(Vec<EngineLoad>, Counters), ScrapeError> {
-    let fetch = async {
-        let resp = client.get(url).send().await?;
+    let scrape = async {
+        let mut resp = client.get(url).send().await?;
         if !resp.status().is_success() {
             return Err(ScrapeError::Status(resp.status().as_u16()));
         }
-        Ok(resp.text().await?)
+        if resp
+            .content_length()
+            .is_some_and(|length| length > MAX_BODY_BYTES as u64)
+        {
+            return Err(ScrapeError::TooLarge(MAX_BODY_BYTES));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await? {
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(ScrapeError::TooLarge(MAX_BODY_BYTES));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let parsed = tokio::task::spawn_blocking(move || {
+            let text = String::from_utf8_lossy(&body);
+            (parse_load(&text), parse_counters(&text))
+        })
+        .await
+        .map_err(|_| ScrapeError::NoMetrics)?;
+        Ok(parsed)
     };
-    let text = tokio::time::timeout(timeout, fetch)
+    let (load, counters) = tokio::time::timeout(timeout, scrape)
         .await
         .map_err(|_| ScrapeError::Timeout(timeout))??;
-    let load = parse_load(&text);
     if load.is_empty() {
         return Err(ScrapeError::NoMetrics);
     }
-    Ok((load, parse_counters(&text)))
+    Ok((load, counters))
 }
 
 /// How the scraper runs.
@@ -169,9 +209,10 @@ pub struct LoadReport {
     pub load: Result<(Vec<EngineLoad>, Counters), ScrapeError>,
 }
 
-/// Scrapes every endpoint of `endpoints` each interval (all at once, each within the timeout) and
-/// sends one [`LoadReport`] per endpoint and round to `sink`. Stops when `sink` or the endpoints'
-/// sender is dropped; abort the handle to stop it sooner.
+/// Scrapes every endpoint of `endpoints`, each on its own interval by a task of its own (one
+/// replica's slow or huge answer never delays another's), and sends one [`LoadReport`] per
+/// scrape to `sink`. Follows the endpoints as they change; stops when `sink` or the endpoints'
+/// sender is dropped, or when the handle is aborted (its per-endpoint tasks with it).
 pub fn spawn_load_scraper(
     config: LoadScraperConfig,
     mut endpoints: watch::Receiver<Vec<EngineEndpoint>>,
@@ -179,37 +220,66 @@ pub fn spawn_load_scraper(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let client = reqwest::Client::new();
-        let mut tick = tokio::time::interval(config.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut scrapers = Scrapers(HashMap::new());
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                changed = endpoints.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
+            let current = endpoints.borrow_and_update().clone();
+            scrapers
+                .0
+                .retain(|id, (endpoint, _)| current.iter().any(|e| &e.id == id && e == endpoint));
+            for endpoint in current {
+                if scrapers.0.contains_key(&endpoint.id) {
                     continue;
                 }
+                let task = tokio::spawn(scrape_endpoint(
+                    client.clone(),
+                    config.clone(),
+                    endpoint.clone(),
+                    sink.clone(),
+                ));
+                scrapers
+                    .0
+                    .insert(endpoint.id.clone(), (endpoint, Abort(task)));
             }
-            let current = endpoints.borrow_and_update().clone();
-            let scrapes = current.iter().map(|ep| {
-                let url = ep.http_url(&config.path);
-                let client = &client;
-                let timeout = config.timeout;
-                async move {
-                    LoadReport {
-                        replica: ep.id.clone(),
-                        load: scrape_load(client, &url, timeout).await,
-                    }
-                }
-            });
-            for report in futures::future::join_all(scrapes).await {
-                if sink.send(report).await.is_err() {
-                    return;
-                }
+            tokio::select! {
+                changed = endpoints.changed() => if changed.is_err() { return },
+                _ = sink.closed() => return,
             }
         }
     })
+}
+
+/// The per-endpoint scrapers, stopped when dropped.
+struct Scrapers(HashMap<String, (EngineEndpoint, Abort)>);
+
+/// A task aborted when its handle is dropped.
+struct Abort(tokio::task::JoinHandle<()>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One endpoint's scrapes, one each interval, until the sink closes.
+async fn scrape_endpoint(
+    client: reqwest::Client,
+    config: LoadScraperConfig,
+    endpoint: EngineEndpoint,
+    sink: mpsc::Sender<LoadReport>,
+) {
+    let url = endpoint.http_url(&config.path);
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let report = LoadReport {
+            replica: endpoint.id.clone(),
+            load: scrape_load(&client, &url, config.timeout).await,
+        };
+        if sink.send(report).await.is_err() {
+            return;
+        }
+    }
 }
 
 #[cfg(test)]

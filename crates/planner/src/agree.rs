@@ -45,17 +45,28 @@ pub fn slack(speed: &Speed, prompt_tokens: f64) -> f64 {
 /// covers a few decoding requests.
 const SLACK_OF_A_PREFILL: f64 = 0.25;
 
+/// A cost as choices compare it: one that is not a number is the worst, never free (a NaN's
+/// sign would order it first or last).
+fn worst_if_nan(seconds: f64) -> f64 {
+    if seconds.is_nan() {
+        f64::INFINITY
+    } else {
+        seconds
+    }
+}
+
 /// The replica independent producers agree on for a prompt whose chain ends in `prompt` (its
 /// last block's hash, which names all its blocks), among `priced` (none: `None`). `slack` as
 /// [`slack`] gives it for the cheapest replica.
 pub fn choose(priced: &[Priced<'_>], prompt: BlockHash, slack: f64) -> Option<usize> {
     let cheapest = priced
         .iter()
-        .map(|p| p.seconds)
+        .map(|p| worst_if_nan(p.seconds))
         .min_by(|a, b| a.total_cmp(b))?;
+    let slack = worst_if_nan(slack).max(0.0);
     priced
         .iter()
-        .filter(|p| p.seconds <= cheapest + slack)
+        .filter(|p| worst_if_nan(p.seconds) <= cheapest + slack)
         .max_by(|a, b| {
             score(prompt, a.id)
                 .cmp(&score(prompt, b.id))
@@ -79,8 +90,8 @@ pub fn cheapest<'a, K: Ord>(
     priced
         .into_iter()
         .min_by(|a, b| {
-            a.seconds
-                .total_cmp(&b.seconds)
+            worst_if_nan(a.seconds)
+                .total_cmp(&worst_if_nan(b.seconds))
                 .then_with(|| tie(a.replica).cmp(&tie(b.replica)))
         })
         .map(|p| p.replica)
@@ -148,6 +159,16 @@ mod tests {
         let speed = Speed::default();
         let prefill = speed.prefill_overhead_seconds + 1000.0 * speed.prefill_seconds_per_token;
         assert!((slack(&speed, 1000.0) - SLACK_OF_A_PREFILL * prefill).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_cost_that_is_not_a_number_is_never_chosen_over_a_number() {
+        // A NaN with its sign bit set (x86's 0/0): total_cmp alone would order it first.
+        let nan = -f64::NAN;
+        let prices = priced(&IDS[..3], &[nan, 2.0, 1.0]);
+        assert_eq!(cheapest(prices.iter().copied(), |r| r), Some(2));
+        assert_ne!(choose(&prices, 7, 0.5), Some(0));
+        assert_ne!(choose(&prices, 7, f64::NAN), Some(0));
     }
 
     #[test]

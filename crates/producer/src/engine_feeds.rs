@@ -6,13 +6,16 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burst_prefix_api::{Endpoint, EngineConfig, KvEventsConfig};
 use burst_prefix_engine_state::load::{spawn_load_scraper, LoadReport, LoadScraperConfig};
+use burst_prefix_engine_state::speed::{Verdict, MAX_RUNNING};
 use burst_prefix_engine_state::{
     EngineEndpoint, EngineUpdate, KvEventsMetrics, KvEventsSubscriber, SubscriberConfig, Topology,
 };
+use prometheus::core::Collector;
+use prometheus::{IntCounterVec, Opts};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -32,10 +35,31 @@ pub async fn follow(producer: Producer) {
             return;
         }
     };
+    let scrape_failures = match IntCounterVec::new(
+        Opts::new(
+            "burst_prefix_engine_scrape_failures_total",
+            "Scrapes of an engine's /metrics that taught nothing, by endpoint and reason: timeout (no answer read and parsed within 500 ms), too_large (over 4 MiB), http, status (not 200), unparsable (no vLLM load metrics), rejected_sample (counters that moved more than an engine can, or a gauge past what one runs; docs/behaviour.md §7)",
+        ),
+        &["endpoint", "reason"],
+    )
+    .and_then(|counter| {
+        producer
+            .metrics()
+            .registry()
+            .register(Box::new(counter.clone()))
+            .map(|()| counter)
+    }) {
+        Ok(counter) => counter,
+        Err(error) => {
+            tracing::error!(%error, "cannot register the scrape metrics; engine feeds are off");
+            return;
+        }
+    };
     let (endpoints, _) = watch::channel(Vec::new());
     let mut feeds = Feeds {
         engines: producer.engines().clone(),
         metrics,
+        scrape_failures,
         endpoints,
         events: None,
         load: None,
@@ -61,6 +85,8 @@ pub async fn follow(producer: Producer) {
 struct Feeds {
     engines: Arc<Engines>,
     metrics: KvEventsMetrics,
+    /// `burst_prefix_engine_scrape_failures_total{endpoint, reason}`.
+    scrape_failures: IntCounterVec,
     /// The endpoints the subscriber and the scraper follow.
     endpoints: watch::Sender<Vec<EngineEndpoint>>,
     /// The subscriber, its config and the task applying what it hears.
@@ -74,6 +100,28 @@ impl Feeds {
     async fn follow(&mut self, config: &EngineConfig, endpoints: &[Endpoint]) {
         let engine_endpoints: Vec<EngineEndpoint> =
             endpoints.iter().filter_map(engine_endpoint).collect();
+        // The failure series of endpoints that left go with them.
+        for series in self
+            .scrape_failures
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+        {
+            let label = |name: &str| {
+                series
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == name)
+                    .map(|l| l.value().to_string())
+            };
+            if let (Some(endpoint), Some(reason)) = (label("endpoint"), label("reason")) {
+                if !engine_endpoints.iter().any(|e| e.id == endpoint) {
+                    let _ = self
+                        .scrape_failures
+                        .remove_label_values(&[&endpoint, &reason]);
+                }
+            }
+        }
         self.endpoints.send_replace(engine_endpoints);
         self.follow_tokenizer(config.tokenizer.as_ref().map(|t| t.path.as_str()));
         self.follow_events(config.kv_events.as_ref()).await;
@@ -188,15 +236,35 @@ impl Feeds {
         };
         let scraper = spawn_load_scraper(config, self.endpoints.subscribe(), reports);
         let engines = self.engines.clone();
+        let failures = self.scrape_failures.clone();
+        let started = Instant::now();
         let recorder = tokio::spawn(async move {
             while let Some(report) = received.recv().await {
-                let load = report.load.ok().map(|(loads, counters)| {
-                    engines.observe_speed(&report.replica, counters);
-                    loads
-                        .iter()
-                        .map(|l| (l.running + l.waiting).max(0.0) as u64)
-                        .sum()
-                });
+                let fail = |reason: &str| {
+                    failures
+                        .with_label_values(&[report.replica.as_str(), reason])
+                        .inc()
+                };
+                let load = match report.load {
+                    Ok((loads, counters)) => {
+                        let at = started.elapsed().as_secs_f64();
+                        let verdict = engines.observe_speed(&report.replica, counters, at);
+                        if matches!(verdict, Verdict::Rejected(_)) {
+                            fail("rejected_sample");
+                        }
+                        // A gauge no engine runs is no load either.
+                        let requests: f64 = loads
+                            .iter()
+                            .map(|l| l.running.max(0.0) + l.waiting.max(0.0))
+                            .sum();
+                        (requests <= MAX_RUNNING).then_some(requests as u64)
+                    }
+                    Err(error) => {
+                        fail(error.metric_label());
+                        tracing::debug!(replica = report.replica, %error, "scrape failed");
+                        None
+                    }
+                };
                 engines.set_load(&report.replica, load);
             }
         });

@@ -209,6 +209,14 @@ impl CacheModels {
         }
         if snapshot.generation != self.generation {
             self.generation = snapshot.generation;
+            // What was learned of an endpoint that left, or moved, is forgotten.
+            self.engines.follow_endpoints(
+                snapshot
+                    .config
+                    .endpoints
+                    .iter()
+                    .map(|e| (e.id.as_str(), e.address.as_str())),
+            );
             if let Some((memory, _)) = &mut self.model {
                 let ids: HashSet<&str> = snapshot
                     .config

@@ -554,6 +554,10 @@ impl<'a> UnitPlacer<'a> {
 
 /// Seconds as the whole microseconds `UnitPlacer::load` holds in time mode.
 fn micros(seconds: f64) -> u64 {
+    // A cost that is not a number is the worst, never free.
+    if seconds.is_nan() {
+        return u64::MAX;
+    }
     (seconds * 1e6).round() as u64
 }
 

@@ -275,6 +275,9 @@ async fn reset_memory(
         })?
     };
     producer.engines().reset(reset.endpoints.as_deref());
+    producer
+        .engines()
+        .forget_learned(reset.endpoints.as_deref());
     tracing::info!(endpoints = ?reset.endpoints, "memory reset");
     Ok(Json(serde_json::json!({
         "reset": reset.endpoints.map_or(Value::from("all"), Value::from),
