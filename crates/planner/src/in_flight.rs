@@ -134,6 +134,13 @@ pub struct InFlight {
     /// In time mode: when each flight's prefill is predicted done (its prompt tokens then
     /// leave its replica's queued prefill), earliest first.
     prefilled_at: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Replicas with prompt tokens of their flights queued to prefill.
+    prefilling: BTreeSet<u32>,
+    /// The pace every replica had when the replicas were set (speed, nothing busy), and how
+    /// many differ from it now: while none does, a replica that holds none of a prompt costs
+    /// more the more it runs, so only the least-loaded of those need be priced.
+    common_pace: Pace,
+    odd_paces: usize,
 }
 
 /// The replicas holding a block in flight, and how many flights hold it in all.
@@ -219,6 +226,9 @@ impl InFlight {
             matched: Vec::new(),
             price_from: Vec::new(),
             prefilled_at: BinaryHeap::new(),
+            prefilling: BTreeSet::new(),
+            common_pace: Pace::default(),
+            odd_paces: 0,
         }
     }
 
@@ -253,6 +263,17 @@ impl InFlight {
             self.replicas[replica as usize].rank = rank as u32;
         }
         self.by_rank = by_rank;
+        self.prefilling.clear();
+        self.common_pace = Pace {
+            speed: replicas
+                .first()
+                .map_or(Pace::default().speed, |r| r.pace.speed),
+            busy: Busy::default(),
+        };
+        self.odd_paces = replicas
+            .iter()
+            .filter(|r| r.pace != self.common_pace)
+            .count();
         self.matches = vec![0; replicas.len()];
         self.slots.clear();
         self.replica_of_slot.clear();
@@ -289,7 +310,10 @@ impl InFlight {
     /// update between [`InFlight::set_replicas`] calls).
     pub fn set_pace(&mut self, replica: usize, pace: Pace) {
         if let Some(state) = self.replicas.get_mut(replica) {
+            let was_odd = state.pace != self.common_pace;
             state.pace = pace;
+            let is_odd = pace != self.common_pace;
+            self.odd_paces = self.odd_paces + usize::from(is_odd) - usize::from(was_odd);
         }
     }
 
@@ -732,6 +756,9 @@ impl InFlight {
         let scaled = flight.weight / scale;
         self.set_load(replica, self.replicas[replica as usize].load + scaled);
         self.replicas[replica as usize].prefill_tokens += flight.prefill_tokens / scale;
+        if self.replicas[replica as usize].prefill_tokens > 0.0 {
+            self.prefilling.insert(replica);
+        }
         for &block in flight.blocks.iter() {
             let holders = self.holders.entry(block).or_default();
             holders.flights += 1;
@@ -886,13 +913,21 @@ impl InFlight {
         let left = state.prefill_tokens - scaled;
         // Rounding leaves a crumb when the last one goes.
         state.prefill_tokens = if left > 1e-6 { left } else { 0.0 };
+        if state.prefill_tokens == 0.0 {
+            self.prefilling.remove(&replica);
+        }
     }
 
     /// Time mode: `replica`'s pace now: its speed, and the larger of its engine's count and
     /// this producer's requests in flight, with the prompt tokens they have yet to prefill.
     fn pace_now(&self, replica: u32, now_ms: u64) -> Pace {
+        self.pace_at(replica, self.decay(now_ms))
+    }
+
+    /// [`InFlight::pace_now`] with the frame's decay to now already worked out (one `powf` per
+    /// placement, not per replica).
+    fn pace_at(&self, replica: u32, decay: f64) -> Pace {
         let state = &self.replicas[replica as usize];
-        let decay = self.decay(now_ms);
         Pace {
             speed: state.pace.speed,
             busy: Busy {
@@ -923,11 +958,11 @@ impl InFlight {
     /// Time mode: the requests in flight on a replica from which a prefix it holds of a prompt
     /// (not the whole prompt) is no longer followed there: [`PILE_CAP`] times the mean of the
     /// allowed replicas, and at least one more than the mean.
-    fn pile_cap(&self, allowed: &impl Fn(u32) -> bool, now_ms: u64) -> f64 {
+    fn pile_cap(&self, allowed: &impl Fn(u32) -> bool, decay: f64) -> f64 {
         let (sum, count) = (0..self.replicas.len() as u32)
             .filter(|&r| allowed(r))
             .fold((0.0, 0usize), |(sum, count), r| {
-                (sum + self.pace_now(r, now_ms).busy.requests, count + 1)
+                (sum + self.pace_at(r, decay).busy.requests, count + 1)
             });
         let mean = sum / count.max(1) as f64;
         (PILE_CAP * mean).max(mean + 1.0)
@@ -962,25 +997,59 @@ impl InFlight {
         // Every allowed replica priced; beside other producers, a prompt no replica holds whole
         // goes to the one they all would choose (`crate::agree`); otherwise the cheapest.
         let prompt_tokens = arrival.blocks.len() as f64 * f64::from(params.block_tokens);
-        let pile_cap = self.pile_cap(&allowed, now_ms);
+        let decay = self.decay(now_ms);
+        // Only where some replica holds a part of the prompt (its mean load is a pass).
+        let partly_held = self.matched.iter().any(|&r| {
+            let held = self.held_tokens(r, params);
+            held > 0.0 && held < prompt_tokens
+        });
+        let pile_cap = match partly_held {
+            true => self.pile_cap(&allowed, decay),
+            false => f64::INFINITY,
+        };
         // A replica priced, and whether it holds the whole prompt.
         let price = |r: u32| {
             let mut uncached = self.uncached_tokens(arrival.blocks, r, params);
             let mut held = self.held_tokens(r, params);
+            let pace = self.pace_at(r, decay);
             // A prefix shared with other prompts (a system prompt, a conversation so far) is
             // not followed onto a replica running more than its share: it would pile.
-            if uncached > 0.0 && held > 0.0 && self.pace_now(r, now_ms).busy.requests >= pile_cap {
+            if uncached > 0.0 && held > 0.0 && pace.busy.requests >= pile_cap {
                 (uncached, held) = (prompt_tokens, 0.0);
             }
             let priced = Priced {
                 replica: r as usize,
                 id: &self.replicas[r as usize].id,
-                seconds: self.pace_now(r, now_ms).seconds(uncached, held, output),
+                seconds: pace.seconds(uncached, held, output),
             };
             (priced, uncached <= 0.0)
         };
         let tie = |r: usize| self.replicas[r].rank;
+        // While every replica has the common pace, one that holds none of the prompt and has
+        // none of its own prefill queued costs more the more it runs: of those only the
+        // least-loaded can be the cheapest (ties by rank, as `by_load` orders them), so only
+        // the holders, the prefilling and that one are priced, not every replica.
+        let few = self.odd_paces == 0
+            && arrival.allowed_replicas.is_none()
+            && !(params.agree_with_peers && !arrival.blocks.is_empty());
         let best = |skip_full: bool| {
+            if few {
+                // The first without queued prefill (those are priced anyway): it costs no more
+                // than any after it that holds as little of the prompt.
+                let coldest = self
+                    .by_load
+                    .iter()
+                    .map(|&(_, rank)| self.by_rank[rank as usize])
+                    .find(|&r| !(skip_full && at_k(r)) && !self.prefilling.contains(&r));
+                let candidates = self
+                    .matched
+                    .iter()
+                    .copied()
+                    .chain(self.prefilling.iter().copied())
+                    .chain(coldest)
+                    .filter(|&r| !(skip_full && at_k(r)));
+                return agree::cheapest(candidates.map(|r| price(r).0), tie).map(|r| r as u32);
+            }
             let candidates =
                 (0..self.replicas.len() as u32).filter(|&r| allowed(r) && !(skip_full && at_k(r)));
             let chosen = match arrival.blocks.last() {

@@ -309,3 +309,65 @@ fn copies_of_one_prompt_without_hints_fill_k_at_a_time() {
     assert_eq!(placer.load(0, 0), 4.0);
     assert_eq!(placer.load(1, 0), 4.0);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// In time mode, while every replica has one pace, the placer prices only the replicas that
+    /// hold the prompt, those prefilling and the least-loaded (`InFlight::cheapest`); a request
+    /// allowed every replica by name is priced on all of them. Both choose alike.
+    #[test]
+    fn pricing_the_few_that_can_win_chooses_as_pricing_every_replica(
+        requests in prop::collection::vec(
+            (0u64..6, 0usize..3, 0u64..4, 1u32..4_000, 0u64..40, any::<bool>()),
+            1..120,
+        ),
+        replica_count in 1usize..12,
+        half_life_ms in prop::sample::select(vec![0u64, 10_000]),
+    ) {
+        let ids = replica_ids(replica_count);
+        let list = replicas(&ids);
+        let all: Vec<usize> = (0..replica_count).collect();
+        let params = PlanParams {
+            balance_by: BalanceBy::Time,
+            block_tokens: 16,
+            ..PlanParams::default()
+        };
+        let settings = InFlightSettings { load_half_life_ms: half_life_ms };
+        let (mut few, mut every) = (InFlight::new(settings), InFlight::new(settings));
+        few.set_replicas(&list);
+        every.set_replicas(&list);
+        let mut memory_few = memory(64, 0);
+        let mut memory_every = memory(64, 0);
+        let mut live = Vec::new();
+        let mut now = 0;
+        for (family, shared, tag, expected, gap, finish) in requests {
+            now += gap;
+            let prompt = blocks(family, shared * 8, tag, 4);
+            let anywhere = Arrival {
+                blocks: &prompt,
+                allowed_replicas: None,
+                group_size: None,
+                max_answer_tokens: None,
+                expected_answer_tokens: Some(f64::from(expected)),
+            };
+            let named = Arrival {
+                allowed_replicas: Some(&all),
+                ..anywhere
+            };
+            let a = few.place(&anywhere, &params, Some(&mut memory_few), now);
+            let b = every.place(&named, &params, Some(&mut memory_every), now);
+            prop_assert_eq!(a.replica, b.replica);
+            live.push((a.id, b.id));
+            if finish && !live.is_empty() {
+                let (x, y) = live.remove(live.len() / 2);
+                few.finish(x, now);
+                every.finish(y, now);
+            }
+            if now % 7 == 0 {
+                memory_few.settle();
+                memory_every.settle();
+            }
+        }
+    }
+}
