@@ -1031,7 +1031,7 @@ impl InFlight {
         // the holders, the prefilling and that one are priced, not every replica.
         let few = self.odd_paces == 0
             && arrival.allowed_replicas.is_none()
-            && !(params.agree_with_peers && !arrival.blocks.is_empty());
+            && (!params.agree_with_peers || arrival.blocks.is_empty());
         let best = |skip_full: bool| {
             if few {
                 // The first without queued prefill (those are priced anyway): it costs no more
@@ -1040,7 +1040,7 @@ impl InFlight {
                     .by_load
                     .iter()
                     .map(|&(_, rank)| self.by_rank[rank as usize])
-                    .find(|&r| !(skip_full && at_k(r)) && !self.prefilling.contains(&r));
+                    .find(|&r| !(skip_full && at_k(r) || self.prefilling.contains(&r)));
                 let candidates = self
                     .matched
                     .iter()
