@@ -30,7 +30,7 @@ NODE_DEPS := tests/node/install-deps.sh
 # The fuzz targets' bounded smoke (cargo-fuzz, installed into the cache once; see fuzz/README.md).
 FUZZ_SMOKE := fuzz/smoke.sh
 
-.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine bench-fleet bench-blis crds e2e-node e2e-kind
+.PHONY: check test lint unit fuzz-smoke control-plane node-deps images python-clients vllm peer-routers demo bench bench-engine bench-fleet bench-blis results crds e2e-node e2e-kind
 
 test: control-plane node-deps images python-clients vllm lint unit fuzz-smoke
 	@tests/vllm/summary.sh "$(BURST_PREFIX_REAL_ENGINE_TESTS_LOG)"
@@ -167,3 +167,9 @@ bench-blis:
 	@test -n "$(BLIS_SRC)" || { echo "make bench-blis: set BLIS_SRC=DIR, a git checkout of github.com/inference-sim/inference-sim at f90a1e3a (BLIS is not in the Go module proxy)" >&2; exit 2; }
 	nice -n 10 $(CARGO) build --release --locked -p burst-prefix-blis-bench
 	target/release/burst-prefix-blis-bench run --blis-src "$(BLIS_SRC)" $(BLIS_ARGS)
+
+# The tables of BENCHMARKS.md and README.md made from result files (regions marked `generated`),
+# written again from those files; `make check` fails when they differ (crates/blis-bench/tests/
+# generated.rs).
+results:
+	$(CARGO) run -q --locked -p burst-prefix-blis-bench -- results

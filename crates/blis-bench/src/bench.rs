@@ -140,6 +140,10 @@ pub fn run_all(bench: &Bench<'_>, work_items: &[Job]) -> Vec<RunReport> {
                 instances: job.instances,
                 requests: job.trace.as_ref().map_or(0, |t| t.rows.len()),
                 objective: job.trace.as_ref().map(|t| t.workload.objective()),
+                repeats_or_streams: job
+                    .trace
+                    .as_ref()
+                    .is_some_and(|t| t.workload.repeats_or_streams()),
                 ..RunReport::default()
             })
         })

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod blis;
 pub mod chart;
 pub mod child;
+pub mod generated;
 pub mod placer;
 pub mod protocol;
 pub mod report;

@@ -64,6 +64,13 @@ enum Command {
         /// The result file (JSON).
         json: PathBuf,
     },
+    /// Rewrite the generated regions of BENCHMARKS.md and README.md from their result files
+    /// (`make results`).
+    Results {
+        /// The repository's root.
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -169,6 +176,19 @@ fn main() -> anyhow::Result<()> {
             if let Some(path) = stats {
                 std::fs::write(&path, serde_json::to_string_pretty(&placer.stats())?)
                     .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+        Command::Results { root } => {
+            for file in burst_prefix_blis_bench::generated::FILES {
+                let path = root.join(file);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let made = burst_prefix_blis_bench::generated::regenerate(&text, &root)?;
+                if made != text {
+                    std::fs::write(&path, made)?;
+                    eprintln!("rewrote the generated tables of {}", path.display());
+                }
             }
             Ok(())
         }

@@ -130,6 +130,10 @@ pub struct RunReport {
     pub instances: usize,
     pub requests: usize,
     pub objective: Option<Objective>,
+    /// Its prompts come back (an epoch repeated) or it is a stream: where the TTFT targets
+    /// are stricter.
+    #[serde(default)]
+    pub repeats_or_streams: bool,
     /// By route name, in the routes' order.
     pub routes: BTreeMap<String, RouteFigures>,
     /// Routes that failed, with why.

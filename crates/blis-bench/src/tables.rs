@@ -65,22 +65,7 @@ pub fn markdown(json: &serde_json::Value, file: &str) -> anyhow::Result<String> 
         md,
         "\n## Ours against round-robin and the best other route\n"
     );
-    let _ = writeln!(
-        md,
-        "Makespan is, for synchronous RL steps (grpo, grpo-saturated, epochs, chat-and-rl's \
-         step), each step's from its arrival to its last answer, summed (`stepsS`); else \
-         BLIS's `makespanS`. Best = the lowest of the routes that are not ours.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| workload | instances | route | makespan / best | makespan / round-robin | TTFT mean / round-robin | TTFT mean / best | e2e p99 / round-robin |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-    for run in &stored.runs {
-        for (name, ours) in run.routes.iter().filter(|(n, _)| n.starts_with(OURS)) {
-            let _ = writeln!(md, "{}", summary_row(run, name, ours));
-        }
-    }
+    md.push_str(&summary(&stored));
     for run in &stored.runs {
         let _ = writeln!(
             md,
@@ -128,6 +113,60 @@ pub fn markdown(json: &serde_json::Value, file: &str) -> anyhow::Result<String> 
     Ok(md)
 }
 
+/// The summary of a result file: ours against round-robin and the best other route, per run,
+/// with the targets of the BLIS bench (bench/blis/README.md) checked.
+pub fn summary(stored: &Stored) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Makespan is, for synchronous RL steps (grpo, grpo-saturated, epochs, chat-and-rl's \
+         step), each step's from its arrival to its last answer, summed (`stepsS`); else \
+         BLIS's `makespanS`. Best = the lowest of the routes that are not ours. Targets: \
+         makespan at most 1.04x the best; TTFT mean at most round-robin's, and where prompts \
+         repeat or the traffic is a stream (epochs, agents, chat-and-rl) at most 0.5x \
+         round-robin's and 1.3x the best; e2e p99 at most 1.05x round-robin's.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| workload | instances | route | makespan / best | makespan / round-robin | TTFT mean / round-robin | TTFT mean / best | e2e p99 / round-robin | targets |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    for run in &stored.runs {
+        for (name, ours) in run.routes.iter().filter(|(n, _)| n.starts_with(OURS)) {
+            let _ = writeln!(md, "{}", summary_row(run, name, ours));
+        }
+    }
+    md
+}
+
+/// The targets `ours` misses on `run`, said briefly (empty: met); `None` without round-robin.
+fn missed(run: &RunReport, ours: &RouteFigures) -> Option<Vec<String>> {
+    let rr = run.routes.get(BASELINE)?;
+    let mut missed = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            missed.push(what);
+        }
+    };
+    if let Some((_, best)) = run.best_peer(|f| run.judged_makespan_s(f)) {
+        let ratio = run.judged_makespan_s(ours) / best;
+        check(ratio <= 1.04, format!("makespan {ratio:.2}x the best"));
+    }
+    let ttft = ours.ttft_mean_ms / rr.ttft_mean_ms;
+    check(ttft <= 1.0, format!("TTFT {ttft:.2}x round-robin's"));
+    if run.repeats_or_streams {
+        check(ttft <= 0.5, format!("TTFT {ttft:.2}x round-robin's"));
+        if let Some((_, best)) = run.best_peer(|f| f.ttft_mean_ms) {
+            let ratio = ours.ttft_mean_ms / best;
+            check(ratio <= 1.3, format!("TTFT {ratio:.2}x the best"));
+        }
+    }
+    let e2e = ours.e2e_p99_ms / rr.e2e_p99_ms;
+    check(e2e <= 1.05, format!("e2e p99 {e2e:.2}x round-robin's"));
+    missed.dedup();
+    Some(missed)
+}
+
 fn summary_row(run: &RunReport, name: &str, ours: &RouteFigures) -> String {
     let ratio = |a: f64, b: Option<f64>| {
         b.filter(|b| *b > 0.0)
@@ -136,8 +175,13 @@ fn summary_row(run: &RunReport, name: &str, ours: &RouteFigures) -> String {
     let rr = run.routes.get(BASELINE);
     let best_makespan = run.best_peer(|f| run.judged_makespan_s(f));
     let best_ttft = run.best_peer(|f| f.ttft_mean_ms);
+    let targets = match missed(run, ours) {
+        None => "-".to_string(),
+        Some(missed) if missed.is_empty() => "met".to_string(),
+        Some(missed) => format!("missed: {}", missed.join(", ")),
+    };
     format!(
-        "| {} | {} | {name} | {} ({}) | {} | {} | {} ({}) | {} |",
+        "| {} | {} | {name} | {} ({}) | {} | {} | {} ({}) | {} | {targets} |",
         run.workload,
         run.instances,
         ratio(run.judged_makespan_s(ours), best_makespan.map(|b| b.1)),

@@ -79,6 +79,14 @@ impl Workload {
         }
     }
 
+    /// Its prompts come back (an epoch repeated) or it is a stream (agents, chat).
+    pub fn repeats_or_streams(self) -> bool {
+        matches!(
+            self,
+            Workload::Epochs | Workload::Agents | Workload::ChatAndRl
+        )
+    }
+
     /// The trace at `instances` instances from `seed`.
     pub fn trace(self, instances: usize, seed: u64) -> Trace {
         let mut build = Builder::new(seed ^ self as u64);

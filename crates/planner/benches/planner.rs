@@ -343,14 +343,10 @@ fn zero_wait(c: &mut Criterion) {
         let ids = replica_ids(fleet);
         let list = replicas(&ids);
         group.throughput(Throughput::Elements(prompts.len() as u64));
-        // Time mode prices every replica for every request: up to 1,024 replicas.
-        let modes: &[(&str, &PlanParams)] = match fleet {
-            ..=1_024 => &[
-                ("place_and_finish", &params),
-                ("place_and_finish_time", &time),
-            ],
-            _ => &[("place_and_finish", &params)],
-        };
+        let modes: &[(&str, &PlanParams)] = &[
+            ("place_and_finish", &params),
+            ("place_and_finish_time", &time),
+        ];
         for &(name, params) in modes {
             group.bench_function(BenchmarkId::new(name, fleet), |b| {
                 b.iter(|| {
@@ -378,9 +374,45 @@ fn zero_wait(c: &mut Criterion) {
     group.finish();
 }
 
+/// A window of an RL step (as many prompts as replicas, 8 samples, a 16-block system prompt and
+/// 8 blocks each, interleaved) planned with memory in `requests` and in `time` mode, side by
+/// side, at 16 to 4,096 replicas (issue 53's shape): time mode's cost beside requests mode's.
+fn time_against_requests(c: &mut Criterion) {
+    let mut group = c.benchmark_group("time_against_requests");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    for fleet in [16, 64, 256, 512, 1_024, 2_048, 4_096] {
+        let prompts = rl_step(fleet, 8, 16, 8);
+        let batch = batch(&prompts);
+        let ids = replica_ids(fleet);
+        let list = replicas(&ids);
+        group.throughput(Throughput::Elements(batch.len() as u64));
+        for (name, balance_by) in [("requests", BalanceBy::Requests), ("time", BalanceBy::Time)] {
+            for (k_name, k) in [("k1", Some(1)), ("k-1", None)] {
+                let params = PlanParams {
+                    max_per_replica: k,
+                    balance_by,
+                    ..PlanParams::default()
+                };
+                group.bench_with_input(
+                    BenchmarkId::new(format!("{name}_{k_name}"), fleet),
+                    &batch,
+                    |b, batch| {
+                        b.iter(|| {
+                            let mut memory = memory(4_096, 0);
+                            assign_with_memory(black_box(batch), &list, &params, &mut memory, 0)
+                        })
+                    },
+                );
+            }
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     zero_wait,
+    time_against_requests,
     hashing,
     planning,
     planning_with_memory,

@@ -160,6 +160,19 @@ struct ReplicaState {
     pace: Pace,
     /// In time mode: prompt tokens of its flights not yet prefilled, as of `frame_ms`.
     prefill_tokens: f64,
+    /// In time mode: what was placed on it lately (each placement's weight, halving every
+    /// [`RECENT_HALF_LIFE_MS`]), as of `recent_ms`: its load in the long run, conversations and
+    /// agents between their turns included.
+    recent: f64,
+    recent_ms: u64,
+}
+
+impl ReplicaState {
+    /// [`ReplicaState::recent`] at `now_ms`.
+    fn recent_at(&self, now_ms: u64) -> f64 {
+        let elapsed = now_ms.saturating_sub(self.recent_ms) as f64;
+        self.recent * 0.5f64.powf(elapsed / RECENT_HALF_LIFE_MS as f64)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -196,12 +209,14 @@ fn answer_weight(arrival: &Arrival<'_>, params: &PlanParams) -> f64 {
     (expected / f64::from(params.output_tokens.max(1))).clamp(1.0 / 16.0, 16.0)
 }
 
-/// In time mode, a shared prefix is followed onto a replica only while it runs under this many
-/// times the mean of the replicas (and under one more than the mean): on BLIS, agents on one
-/// system prompt piled onto a quarter fewer replicas at 1.35 (the window's cap in tokens mode,
-/// docs §7), and 1.2 kept fewer of their conversations where they were than 1.1
-/// (docs/load-benches.md, "BLIS").
-const PILE_CAP: f64 = 1.1;
+/// In time mode, a shared prefix is followed onto a replica only while its load in the long run
+/// is within this share of the mean above the least loaded replica's (bench/blis/README.md).
+const PILE_SLACK: f64 = 0.1;
+
+/// In time mode, what was placed on a replica counts in its load in the long run halving every
+/// this many ms: about an agent's turn and its pause, so that conversations between their turns
+/// still count where they live.
+const RECENT_HALF_LIFE_MS: u64 = 5_000;
 
 impl InFlight {
     pub fn new(settings: InFlightSettings) -> Self {
@@ -257,6 +272,8 @@ impl InFlight {
                 load: 0.0,
                 pace: replica.pace,
                 prefill_tokens: 0.0,
+                recent: 0.0,
+                recent_ms: 0,
             })
             .collect();
         for (rank, &replica) in by_rank.iter().enumerate() {
@@ -377,6 +394,11 @@ impl InFlight {
                             BalanceBy::Time => answer_weight(arrival, params),
                             _ => self.weight(arrival.blocks, replica, params),
                         };
+                        if params.balance_by == BalanceBy::Time {
+                            let state = &mut self.replicas[replica as usize];
+                            state.recent = state.recent_at(now_ms) + weight;
+                            state.recent_ms = now_ms;
+                        }
                         let blocks = self.group_blocks(arrival.blocks);
                         let prefill_tokens = match params.balance_by {
                             BalanceBy::Time => {
@@ -955,17 +977,21 @@ impl InFlight {
         f64::from(held) * f64::from(params.block_tokens)
     }
 
-    /// Time mode: the requests in flight on a replica from which a prefix it holds of a prompt
-    /// (not the whole prompt) is no longer followed there: [`PILE_CAP`] times the mean of the
-    /// allowed replicas, and at least one more than the mean.
-    fn pile_cap(&self, allowed: &impl Fn(u32) -> bool, decay: f64) -> f64 {
-        let (sum, count) = (0..self.replicas.len() as u32)
+    /// Time mode: the load in the long run ([`ReplicaState::recent`]) from which a prefix a
+    /// replica holds of a prompt (not the whole prompt) is no longer followed there: the least
+    /// loaded allowed replica's, plus [`PILE_SLACK`] of the mean, and at least one placement.
+    /// Relative to the least loaded, not the mean: a mean lets some replicas carry everything
+    /// while others stay idle.
+    fn pile_cap(&self, allowed: &impl Fn(u32) -> bool, now_ms: u64) -> f64 {
+        let (sum, least, count) = (0..self.replicas.len() as u32)
             .filter(|&r| allowed(r))
-            .fold((0.0, 0usize), |(sum, count), r| {
-                (sum + self.pace_at(r, decay).busy.requests, count + 1)
-            });
+            .map(|r| self.replicas[r as usize].recent_at(now_ms))
+            .fold(
+                (0.0, f64::INFINITY, 0usize),
+                |(sum, least, count), recent| (sum + recent, least.min(recent), count + 1),
+            );
         let mean = sum / count.max(1) as f64;
-        (PILE_CAP * mean).max(mean + 1.0)
+        least + (PILE_SLACK * mean).max(1.0)
     }
 
     /// Time mode: the allowed replica where the request is answered first (`crate::cost`), or,
@@ -1004,7 +1030,7 @@ impl InFlight {
             held > 0.0 && held < prompt_tokens
         });
         let pile_cap = match partly_held {
-            true => self.pile_cap(&allowed, decay),
+            true => self.pile_cap(&allowed, now_ms),
             false => f64::INFINITY,
         };
         // A replica priced, and whether it holds the whole prompt.
@@ -1014,7 +1040,10 @@ impl InFlight {
             let pace = self.pace_at(r, decay);
             // A prefix shared with other prompts (a system prompt, a conversation so far) is
             // not followed onto a replica running more than its share: it would pile.
-            if uncached > 0.0 && held > 0.0 && pace.busy.requests >= pile_cap {
+            if uncached > 0.0
+                && held > 0.0
+                && self.replicas[r as usize].recent_at(now_ms) > pile_cap
+            {
                 (uncached, held) = (prompt_tokens, 0.0);
             }
             let priced = Priced {
@@ -1034,21 +1063,50 @@ impl InFlight {
             && (!params.agree_with_peers || arrival.blocks.is_empty());
         let best = |skip_full: bool| {
             if few {
-                // The first without queued prefill (those are priced anyway): it costs no more
-                // than any after it that holds as little of the prompt.
-                let coldest = self
+                // Replicas that hold none of the prompt and have no prefill queued cost no
+                // less the more loaded they are: along `by_load` their costs never fall, so
+                // pricing them stops at the first that costs more than the first (those
+                // costing the same are all priced: the lower rank wins a tie).
+                let mut coldest: Option<Priced<'_>> = None;
+                for r in self
                     .by_load
                     .iter()
                     .map(|&(_, rank)| self.by_rank[rank as usize])
-                    .find(|&r| !(skip_full && at_k(r) || self.prefilling.contains(&r)));
-                let candidates = self
+                {
+                    if skip_full && at_k(r)
+                        || self.prefilling.contains(&r)
+                        || self.matches[r as usize] > 0
+                    {
+                        continue;
+                    }
+                    let priced = price(r).0;
+                    match coldest {
+                        Some(first) if priced.seconds > first.seconds => break,
+                        Some(first) if tie(first.replica) <= tie(priced.replica) => {}
+                        _ => coldest = Some(priced),
+                    }
+                }
+                let holders = self
                     .matched
                     .iter()
                     .copied()
                     .chain(self.prefilling.iter().copied())
-                    .chain(coldest)
-                    .filter(|&r| !(skip_full && at_k(r)));
-                return agree::cheapest(candidates.map(|r| price(r).0), tie).map(|r| r as u32);
+                    .filter(|&r| !(skip_full && at_k(r)))
+                    .map(|r| price(r).0);
+                let chosen = agree::cheapest(holders.chain(coldest), tie).map(|r| r as u32);
+                // Tests and debug builds check the few priced choose as all would.
+                debug_assert_eq!(
+                    chosen,
+                    agree::cheapest(
+                        (0..self.replicas.len() as u32)
+                            .filter(|&r| !(skip_full && at_k(r)))
+                            .map(|r| price(r).0),
+                        tie
+                    )
+                    .map(|r| r as u32),
+                    "pricing the few that can win chose otherwise than pricing every replica"
+                );
+                return chosen;
             }
             let candidates =
                 (0..self.replicas.len() as u32).filter(|&r| allowed(r) && !(skip_full && at_k(r)));
