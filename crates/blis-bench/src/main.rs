@@ -289,7 +289,22 @@ fn run_bench(run: Run) -> anyhow::Result<()> {
         extra: &run.blis_args,
         work: &work,
     };
-    let plain_round_robin = match jobs.first() {
+    // On the outside trace, or the bench's cheapest one (a GRPO step at the first size).
+    let check_on = match &outside {
+        Some(_) => jobs.first().map(|job| Job {
+            trace: None,
+            dir: job.dir.clone(),
+            name: job.name.clone(),
+            ..*job
+        }),
+        None => Some(Job::generated(
+            Workload::Grpo,
+            run.instances.first().copied().unwrap_or(16),
+            run.seed,
+            &work,
+        )?),
+    };
+    let plain_round_robin = match &check_on {
         Some(first) => {
             eprintln!("checking round-robin against BLIS without our policy ...");
             let plain = Blis::build_plain(&run.blis_src, &cache)?;
