@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -64,8 +64,8 @@ enum Command {
         /// The result file (JSON).
         json: PathBuf,
     },
-    /// Rewrite the generated regions of BENCHMARKS.md and README.md from their result files
-    /// (`make results`).
+    /// Write every committed BLIS result's tables and chart again, then the generated regions of
+    /// BENCHMARKS.md and README.md from their result files (`make results`).
     Results {
         /// The repository's root.
         #[arg(long, default_value = ".")]
@@ -180,6 +180,18 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Results { root } => {
+            // Each committed result's own tables first: the docs' regions quote the same figures.
+            let results = root.join("bench/blis/results");
+            if let Ok(entries) = std::fs::read_dir(&results) {
+                let mut jsons: Vec<PathBuf> = entries
+                    .filter_map(|e| Some(e.ok()?.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                    .collect();
+                jsons.sort();
+                for json in jsons {
+                    write_tables(&json)?;
+                }
+            }
             for file in burst_prefix_blis_bench::generated::FILES {
                 let path = root.join(file);
                 let text = std::fs::read_to_string(&path)
@@ -192,24 +204,27 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Tables { json } => {
-            let text = std::fs::read_to_string(&json)
-                .with_context(|| format!("reading {}", json.display()))?;
-            let value: serde_json::Value = serde_json::from_str(&text)?;
-            let file = json
-                .file_name()
-                .map_or(String::new(), |n| n.to_string_lossy().to_string());
-            std::fs::write(
-                json.with_extension("md"),
-                burst_prefix_blis_bench::tables::markdown(&value, &file)?,
-            )?;
-            std::fs::write(
-                json.with_extension("svg"),
-                burst_prefix_blis_bench::chart::svg(&value).map_err(anyhow::Error::msg)?,
-            )?;
-            Ok(())
-        }
+        Command::Tables { json } => write_tables(&json),
     }
+}
+
+/// Writes the tables (.md) and chart (.svg) of the result file `json` beside it.
+fn write_tables(json: &Path) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)?;
+    let file = json
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().to_string());
+    std::fs::write(
+        json.with_extension("md"),
+        burst_prefix_blis_bench::tables::markdown(&value, &file)?,
+    )?;
+    std::fs::write(
+        json.with_extension("svg"),
+        burst_prefix_blis_bench::chart::svg(&value).map_err(anyhow::Error::msg)?,
+    )?;
+    Ok(())
 }
 
 fn run_bench(run: Run) -> anyhow::Result<()> {

@@ -124,13 +124,18 @@ pub fn summary(stored: &Stored) -> String {
          BLIS's `makespanS`. Best = the lowest of the routes that are not ours. Targets: \
          makespan at most 1.04x the best; TTFT mean at most round-robin's, and where prompts \
          repeat or the traffic is a stream (epochs, agents, chat-and-rl) at most 0.5x \
-         round-robin's and 1.3x the best; e2e p99 at most 1.05x round-robin's.\n"
+         round-robin's and 1.3x the best; e2e p99 at most 1.05x round-robin's; at 1,024 \
+         instances or more, our place stage at most 20 µs a placement. *Placing* is our \
+         place stage's mean per placement (and the core's whole path, admit to route, body \
+         parsing and hashing included), wall time on the bench's machine; *replay wall* is the \
+         whole replay's (BLIS's simulation with its routing, and for ours our placer) against \
+         round-robin's.\n"
     );
     let _ = writeln!(
         md,
-        "| workload | instances | route | makespan / best | makespan / round-robin | TTFT mean / round-robin | TTFT mean / best | e2e p99 / round-robin | targets |"
+        "| workload | instances | route | makespan / best | makespan / round-robin | TTFT mean / round-robin | TTFT mean / best | e2e p99 / round-robin | placing µs (whole path) | replay wall / round-robin's | targets |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
     for run in &stored.runs {
         for (name, ours) in run.routes.iter().filter(|(n, _)| n.starts_with(OURS)) {
             let _ = writeln!(md, "{}", summary_row(run, name, ours));
@@ -140,6 +145,7 @@ pub fn summary(stored: &Stored) -> String {
 }
 
 /// The targets `ours` misses on `run`, said briefly (empty: met); `None` without round-robin.
+/// Three decimals: a miss by a hair (1.042x against 1.04x) must not read as a tie.
 fn missed(run: &RunReport, ours: &RouteFigures) -> Option<Vec<String>> {
     let rr = run.routes.get(BASELINE)?;
     let mut missed = Vec::new();
@@ -150,19 +156,23 @@ fn missed(run: &RunReport, ours: &RouteFigures) -> Option<Vec<String>> {
     };
     if let Some((_, best)) = run.best_peer(|f| run.judged_makespan_s(f)) {
         let ratio = run.judged_makespan_s(ours) / best;
-        check(ratio <= 1.04, format!("makespan {ratio:.2}x the best"));
+        check(ratio <= 1.04, format!("makespan {ratio:.3}x the best"));
     }
     let ttft = ours.ttft_mean_ms / rr.ttft_mean_ms;
-    check(ttft <= 1.0, format!("TTFT {ttft:.2}x round-robin's"));
+    check(ttft <= 1.0, format!("TTFT {ttft:.3}x round-robin's"));
     if run.repeats_or_streams {
-        check(ttft <= 0.5, format!("TTFT {ttft:.2}x round-robin's"));
+        check(ttft <= 0.5, format!("TTFT {ttft:.3}x round-robin's"));
         if let Some((_, best)) = run.best_peer(|f| f.ttft_mean_ms) {
             let ratio = ours.ttft_mean_ms / best;
-            check(ratio <= 1.3, format!("TTFT {ratio:.2}x the best"));
+            check(ratio <= 1.3, format!("TTFT {ratio:.3}x the best"));
         }
     }
     let e2e = ours.e2e_p99_ms / rr.e2e_p99_ms;
-    check(e2e <= 1.05, format!("e2e p99 {e2e:.2}x round-robin's"));
+    check(e2e <= 1.05, format!("e2e p99 {e2e:.3}x round-robin's"));
+    if let Some(placer) = ours.placer.as_ref().filter(|_| run.instances >= 1_024) {
+        let us = placer.place_mean_us;
+        check(us <= 20.0, format!("placing {us:.1} µs"));
+    }
     missed.dedup();
     Some(missed)
 }
@@ -180,8 +190,11 @@ fn summary_row(run: &RunReport, name: &str, ours: &RouteFigures) -> String {
         Some(missed) if missed.is_empty() => "met".to_string(),
         Some(missed) => format!("missed: {}", missed.join(", ")),
     };
+    let placing = ours.placer.as_ref().map_or("-".to_string(), |p| {
+        format!("{:.1} ({:.0})", p.place_mean_us, p.mean_us)
+    });
     format!(
-        "| {} | {} | {name} | {} ({}) | {} | {} | {} ({}) | {} | {targets} |",
+        "| {} | {} | {name} | {} ({}) | {} | {} | {} ({}) | {} | {placing} | {} | {targets} |",
         run.workload,
         run.instances,
         ratio(run.judged_makespan_s(ours), best_makespan.map(|b| b.1)),
@@ -194,6 +207,7 @@ fn summary_row(run: &RunReport, name: &str, ours: &RouteFigures) -> String {
         ratio(ours.ttft_mean_ms, best_ttft.map(|b| b.1)),
         best_ttft.map_or("-", |b| b.0),
         ratio(ours.e2e_p99_ms, rr.map(|r| r.e2e_p99_ms)),
+        ratio(ours.wall_s, rr.map(|r| r.wall_s)),
     )
 }
 
