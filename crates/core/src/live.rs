@@ -20,6 +20,9 @@ pub struct LiveEndpoints {
     states: RwLock<HashMap<String, Arc<EndpointState>>>,
     /// Cool-downs begun so far: who caches the usable set knows when to look again.
     cool_downs: AtomicU64,
+    /// When the last cool-down to end ends: none is cooling after it, and asking is then free
+    /// of a lookup per endpoint.
+    cooling_ends: Mutex<Option<Instant>>,
 }
 
 #[derive(Default)]
@@ -125,12 +128,25 @@ impl LiveEndpoints {
 
     /// Whether any of `endpoints` is cooling down at `now`.
     pub fn any_cooling(&self, endpoints: &[Endpoint], now: Instant) -> bool {
-        endpoints.iter().any(|e| self.cooling(&e.id, now))
+        self.some_may_be_cooling(now) && endpoints.iter().any(|e| self.cooling(&e.id, now))
+    }
+
+    fn some_may_be_cooling(&self, now: Instant) -> bool {
+        self.cooling_ends
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_some_and(|ends| ends > now)
     }
 
     /// Leaves `id` out of planning and routing until `until`.
     pub fn cool_down(&self, id: &str, until: Instant) {
         self.cool_downs.fetch_add(1, Ordering::Relaxed);
+        let mut ends = self
+            .cooling_ends
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *ends = Some(ends.map_or(until, |ends| ends.max(until)));
+        drop(ends);
         *self
             .state(id)
             .cooling_until
@@ -179,6 +195,9 @@ impl LiveEndpoints {
     /// Indices of the endpoints a request may be sent to now: those not cooling down, or all of
     /// them when every one is (a cool-down must never make the whole fleet unusable).
     pub fn usable(&self, endpoints: &[Endpoint], now: Instant) -> Vec<usize> {
+        if !self.some_may_be_cooling(now) {
+            return (0..endpoints.len()).collect();
+        }
         let usable: Vec<usize> = (0..endpoints.len())
             .filter(|&i| !self.cooling(&endpoints[i].id, now))
             .collect();

@@ -158,18 +158,20 @@ pub(crate) fn of_placement(
     let first = match placement.assigned {
         Some(assigned) if candidates.contains(&assigned) => assigned,
         Some(assigned) => {
-            *by_rendezvous(placement.group, endpoints, &candidates, &[assigned]).first()?
+            *by_rendezvous(placement.group, endpoints, &candidates, &[assigned], 1).first()?
         }
         None => *by_load(live, endpoints, candidates.clone()).first()?,
     };
     let mut order = vec![first];
     let mut tried = vec![first];
     tried.extend(placement.assigned);
-    order.extend(
-        by_rendezvous(placement.group, endpoints, &candidates, &tried)
-            .into_iter()
-            .take(fallbacks),
-    );
+    order.extend(by_rendezvous(
+        placement.group,
+        endpoints,
+        &candidates,
+        &tried,
+        fallbacks,
+    ));
     Some(Route {
         snapshot: placement.snapshot.clone(),
         order,
@@ -206,20 +208,31 @@ fn by_load(live: &LiveEndpoints, endpoints: &[Endpoint], mut candidates: Vec<usi
     candidates
 }
 
-/// `candidates` other than `tried`, by rendezvous hashing of `group` over endpoint ids, so that
-/// every member of a group that fails over from one replica lands on the same next one.
+/// The first `count` of `candidates` other than `tried`, by rendezvous hashing of `group` over
+/// endpoint ids, so that every member of a group that fails over from one replica lands on the
+/// same next one.
 fn by_rendezvous(
     group: u64,
     endpoints: &[Endpoint],
     candidates: &[usize],
     tried: &[usize],
+    count: usize,
 ) -> Vec<usize> {
+    if count == 0 {
+        return Vec::new();
+    }
     let mut order: Vec<(u64, usize)> = candidates
         .iter()
         .filter(|i| !tried.contains(i))
         .map(|&i| (rendezvous(group, &endpoints[i].id), i))
         .collect();
-    order.sort_unstable_by(|a, b| b.cmp(a));
+    let highest_first = |a: &(u64, usize), b: &(u64, usize)| b.cmp(a);
+    // Only the first `count` are ever tried: a large fleet is not sorted whole.
+    if order.len() > count {
+        order.select_nth_unstable_by(count - 1, highest_first);
+        order.truncate(count);
+    }
+    order.sort_unstable_by(highest_first);
     order.into_iter().map(|(_, i)| i).collect()
 }
 

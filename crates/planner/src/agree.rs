@@ -15,6 +15,8 @@
 //! prefers the replica holding it by a whole prefill, and spreads the copies evenly once that
 //! one is busy).
 
+use std::cmp::Ordering;
+
 use xxhash_rust::xxh64::xxh64;
 
 use crate::cost::Speed;
@@ -89,12 +91,15 @@ pub fn cheapest<'a, K: Ord>(
 ) -> Option<usize> {
     priced
         .into_iter()
-        .min_by(|a, b| {
-            worst_if_nan(a.seconds)
-                .total_cmp(&worst_if_nan(b.seconds))
-                .then_with(|| tie(a.replica).cmp(&tie(b.replica)))
-        })
+        .min_by(|a, b| by_cost((a.seconds, tie(a.replica)), (b.seconds, tie(b.replica))))
         .map(|p| p.replica)
+}
+
+/// The order of two prices: the fewer seconds first (a NaN last), ties by the caller's order.
+pub(crate) fn by_cost<K: Ord>((a, a_tie): (f64, K), (b, b_tie): (f64, K)) -> Ordering {
+    worst_if_nan(a)
+        .total_cmp(&worst_if_nan(b))
+        .then_with(|| a_tie.cmp(&b_tie))
 }
 
 #[cfg(test)]

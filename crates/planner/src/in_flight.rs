@@ -34,11 +34,12 @@
 //!
 //! Cost per request: the holders of the blocks walked (each visited once, as in the spec's walk)
 //! and an ordered index of the replicas by load, never a scan of every replica; in time mode,
-//! a pass over the replicas' costs.
+//! while every replica has one pace, the holders priced and the cheapest others found along
+//! orders by load and by queued prefill (`orders`); otherwise a pass over the replicas' costs.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
@@ -49,6 +50,21 @@ use crate::plan::{
     earliest_finish, BalanceBy, BuildBlockHasher, Candidate, PlacementReason, PlanParams, Replica,
 };
 use crate::prefixhash::BlockHash;
+
+mod orders;
+use orders::{Orders, Standing};
+
+/// A replica of `pace` (its speed, and what its engine says it runs) with this producer's
+/// `load` and `queued` prompt tokens as of the frame, at the frame's `decay` to now.
+fn paced(pace: Pace, load: f64, queued: f64, decay: f64) -> Pace {
+    Pace {
+        speed: pace.speed,
+        busy: Busy {
+            requests: (load * decay).max(pace.busy.requests),
+            prefill_tokens: queued * decay + pace.busy.prefill_tokens,
+        },
+    }
+}
 
 /// The knobs of the in-flight estimate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,8 +119,8 @@ pub struct InFlight {
     replicas: Vec<ReplicaState>,
     /// Replica by rank (step 6's static order: running requests, then id bytes).
     by_rank: Vec<u32>,
-    /// Replicas by (load, rank): the least-loaded is the first.
-    by_load: BTreeSet<(u64, u32)>,
+    /// Replicas by load (the least-loaded first), and the orders time mode searches.
+    orders: Orders,
     /// Loads are kept as of `frame_ms` (decaying ones are scaled up instead of every load
     /// decayed at each call: a common factor keeps their order).
     frame_ms: u64,
@@ -134,8 +150,6 @@ pub struct InFlight {
     /// In time mode: when each flight's prefill is predicted done (its prompt tokens then
     /// leave its replica's queued prefill), earliest first.
     prefilled_at: BinaryHeap<Reverse<(u64, u64)>>,
-    /// Replicas with prompt tokens of their flights queued to prefill.
-    prefilling: BTreeSet<u32>,
     /// The pace every replica had when the replicas were set (speed, nothing busy), and how
     /// many differ from it now: while none does, a replica that holds none of a prompt costs
     /// more the more it runs, so only the least-loaded of those need be priced.
@@ -224,7 +238,7 @@ impl InFlight {
             settings,
             replicas: Vec::new(),
             by_rank: Vec::new(),
-            by_load: BTreeSet::new(),
+            orders: Orders::default(),
             frame_ms: 0,
             last_ms: 0,
             total: 0.0,
@@ -241,7 +255,6 @@ impl InFlight {
             matched: Vec::new(),
             price_from: Vec::new(),
             prefilled_at: BinaryHeap::new(),
-            prefilling: BTreeSet::new(),
             common_pace: Pace::default(),
             odd_paces: 0,
         }
@@ -280,7 +293,7 @@ impl InFlight {
             self.replicas[replica as usize].rank = rank as u32;
         }
         self.by_rank = by_rank;
-        self.prefilling.clear();
+        self.order_every_replica();
         self.common_pace = Pace {
             speed: replicas
                 .first()
@@ -318,9 +331,6 @@ impl InFlight {
         }
         self.groups
             .retain(|_, group| group.members > 0 || !group.seats.is_empty());
-        self.by_load = (0..self.replicas.len() as u32)
-            .map(|r| self.load_key(r))
-            .collect();
     }
 
     /// Replica `replica`'s speed and what its engine says it runs now, for time mode (a cheap
@@ -760,9 +770,9 @@ impl InFlight {
                 .filter(|&r| (r as usize) < self.replicas.len() && !skip(r))
                 .min_by_key(|&r| self.load_key(r)),
             None => self
-                .by_load
-                .iter()
-                .map(|&(_, rank)| self.by_rank[rank as usize])
+                .orders
+                .ranks_by_load()
+                .map(|rank| self.by_rank[rank as usize])
                 .find(|&r| !skip(r)),
         }
     }
@@ -777,9 +787,10 @@ impl InFlight {
         let scale = self.decay(flight.placed_ms);
         let scaled = flight.weight / scale;
         self.set_load(replica, self.replicas[replica as usize].load + scaled);
-        self.replicas[replica as usize].prefill_tokens += flight.prefill_tokens / scale;
-        if self.replicas[replica as usize].prefill_tokens > 0.0 {
-            self.prefilling.insert(replica);
+        if flight.prefill_tokens > 0.0 {
+            self.restand(replica, |state| {
+                state.prefill_tokens += flight.prefill_tokens / scale;
+            });
         }
         for &block in flight.blocks.iter() {
             let holders = self.holders.entry(block).or_default();
@@ -868,11 +879,31 @@ impl InFlight {
     }
 
     fn set_load(&mut self, replica: u32, load: f64) {
-        let before = self.load_key(replica);
-        self.by_load.remove(&before);
         self.total += load - self.replicas[replica as usize].load;
-        self.replicas[replica as usize].load = load;
-        self.by_load.insert(self.load_key(replica));
+        self.restand(replica, |state| state.load = load);
+    }
+
+    /// Changes where `replica` stands, keeping the orders.
+    fn restand(&mut self, replica: u32, change: impl FnOnce(&mut ReplicaState)) {
+        self.orders.remove(self.standing(replica));
+        change(&mut self.replicas[replica as usize]);
+        self.orders.insert(self.standing(replica));
+    }
+
+    fn standing(&self, replica: u32) -> Standing {
+        let state = &self.replicas[replica as usize];
+        Standing {
+            load: state.load,
+            queued: state.prefill_tokens,
+            rank: state.rank,
+        }
+    }
+
+    fn order_every_replica(&mut self) {
+        self.orders.clear();
+        for replica in 0..self.replicas.len() as u32 {
+            self.orders.insert(self.standing(replica));
+        }
     }
 
     /// The clock moves on: expired placements leave, and loads are rescaled to a new frame
@@ -912,9 +943,7 @@ impl InFlight {
             }
             self.total *= factor;
             self.frame_ms = now_ms;
-            self.by_load = (0..self.replicas.len() as u32)
-                .map(|r| self.load_key(r))
-                .collect();
+            self.order_every_replica();
         }
         now_ms
     }
@@ -931,13 +960,11 @@ impl InFlight {
 
     /// Takes `scaled` prompt tokens (as of the frame) off `replica`'s queued prefill.
     fn drop_prefill(&mut self, replica: u32, scaled: f64) {
-        let state = &mut self.replicas[replica as usize];
-        let left = state.prefill_tokens - scaled;
-        // Rounding leaves a crumb when the last one goes.
-        state.prefill_tokens = if left > 1e-6 { left } else { 0.0 };
-        if state.prefill_tokens == 0.0 {
-            self.prefilling.remove(&replica);
-        }
+        self.restand(replica, |state| {
+            let left = state.prefill_tokens - scaled;
+            // Rounding leaves a crumb when the last one goes.
+            state.prefill_tokens = if left > 1e-6 { left } else { 0.0 };
+        });
     }
 
     /// Time mode: `replica`'s pace now: its speed, and the larger of its engine's count and
@@ -950,13 +977,7 @@ impl InFlight {
     /// placement, not per replica).
     fn pace_at(&self, replica: u32, decay: f64) -> Pace {
         let state = &self.replicas[replica as usize];
-        Pace {
-            speed: state.pace.speed,
-            busy: Busy {
-                requests: (state.load * decay).max(state.pace.busy.requests),
-                prefill_tokens: state.prefill_tokens * decay + state.pace.busy.prefill_tokens,
-            },
-        }
+        paced(state.pace, state.load, state.prefill_tokens, decay)
     }
 
     /// Time mode: the prompt tokens of `blocks` that `replica` would prefill (what it holds,
@@ -1063,37 +1084,33 @@ impl InFlight {
             && (!params.agree_with_peers || arrival.blocks.is_empty());
         let best = |skip_full: bool| {
             if few {
-                // Replicas that hold none of the prompt and have no prefill queued cost no
-                // less the more loaded they are: along `by_load` their costs never fall, so
-                // pricing them stops at the first that costs more than the first (those
-                // costing the same are all priced: the lower rank wins a tie).
-                let mut coldest: Option<Priced<'_>> = None;
-                for r in self
-                    .by_load
-                    .iter()
-                    .map(|&(_, rank)| self.by_rank[rank as usize])
-                {
-                    if skip_full && at_k(r)
-                        || self.prefilling.contains(&r)
-                        || self.matches[r as usize] > 0
-                    {
-                        continue;
-                    }
-                    let priced = price(r).0;
-                    match coldest {
-                        Some(first) if priced.seconds > first.seconds => break,
-                        Some(first) if tie(first.replica) <= tie(priced.replica) => {}
-                        _ => coldest = Some(priced),
-                    }
-                }
-                let holders = self
+                // One that holds none of the prompt costs more the more it runs and the more
+                // prefill it has queued, and with nothing else: beside the holders, only the
+                // cheapest of those resting and of those prefilling can win, each found along
+                // the orders (`orders`) without pricing every replica.
+                let skip = |rank: u32| {
+                    let r = self.by_rank[rank as usize];
+                    skip_full && at_k(r) || self.matches[r as usize] > 0
+                };
+                let seconds = |rank: u32| price(self.by_rank[rank as usize]).0.seconds;
+                let least = |load: f64, queued: f64| {
+                    paced(self.common_pace, load, queued, decay).seconds(prompt_tokens, 0.0, output)
+                };
+                let cold = [
+                    self.orders.cheapest_resting(skip, seconds),
+                    self.orders.cheapest_prefilling(skip, seconds, least),
+                ];
+                let candidates = self
                     .matched
                     .iter()
                     .copied()
-                    .chain(self.prefilling.iter().copied())
                     .filter(|&r| !(skip_full && at_k(r)))
-                    .map(|r| price(r).0);
-                let chosen = agree::cheapest(holders.chain(coldest), tie).map(|r| r as u32);
+                    .chain(
+                        cold.into_iter()
+                            .flatten()
+                            .map(|rank| self.by_rank[rank as usize]),
+                    );
+                let chosen = agree::cheapest(candidates.map(|r| price(r).0), tie).map(|r| r as u32);
                 // Tests and debug builds check the few priced choose as all would.
                 debug_assert_eq!(
                     chosen,
