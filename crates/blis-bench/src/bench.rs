@@ -247,17 +247,22 @@ pub fn publish(results: &Results, out: &Path) -> anyhow::Result<()> {
     }
     std::fs::write(out, serde_json::to_string_pretty(results)? + "\n")
         .with_context(|| format!("writing {}", out.display()))?;
-    let json: serde_json::Value = serde_json::to_value(results)?;
-    let file = out
+    write_tables(&serde_json::to_value(results)?, out)
+}
+
+/// Writes the tables (`.md`) and the chart (`.svg`) of the result file `json` (read as `value`)
+/// beside it.
+pub fn write_tables(value: &serde_json::Value, json: &Path) -> anyhow::Result<()> {
+    let file = json
         .file_name()
         .map_or(String::new(), |n| n.to_string_lossy().to_string());
     std::fs::write(
-        out.with_extension("md"),
-        crate::tables::markdown(&json, &file)?,
+        json.with_extension("md"),
+        crate::tables::markdown(value, &file)?,
     )?;
     std::fs::write(
-        out.with_extension("svg"),
-        crate::chart::svg(&json).map_err(anyhow::Error::msg)?,
+        json.with_extension("svg"),
+        crate::chart::svg(value).map_err(anyhow::Error::msg)?,
     )?;
     Ok(())
 }

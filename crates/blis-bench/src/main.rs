@@ -212,19 +212,7 @@ fn main() -> anyhow::Result<()> {
 fn write_tables(json: &Path) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-    let value: serde_json::Value = serde_json::from_str(&text)?;
-    let file = json
-        .file_name()
-        .map_or(String::new(), |n| n.to_string_lossy().to_string());
-    std::fs::write(
-        json.with_extension("md"),
-        burst_prefix_blis_bench::tables::markdown(&value, &file)?,
-    )?;
-    std::fs::write(
-        json.with_extension("svg"),
-        burst_prefix_blis_bench::chart::svg(&value).map_err(anyhow::Error::msg)?,
-    )?;
-    Ok(())
+    bench::write_tables(&serde_json::from_str(&text)?, json)
 }
 
 fn run_bench(run: Run) -> anyhow::Result<()> {

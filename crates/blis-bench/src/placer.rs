@@ -18,6 +18,14 @@ use crate::protocol::{Answer, Ask, EventKind, Hello};
 /// The model name in every body (one model per BLIS run).
 const MODEL: &str = "blis";
 
+/// A completion request as a client sends it: the prompt as token ids, one cap for all.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    prompt: &'a [u32],
+    max_tokens: u32,
+}
+
 /// The placer of one BLIS run.
 pub struct Placer {
     planner: PlannerConfig,
@@ -90,13 +98,14 @@ impl Placer {
             producer.engines().set_load(&load.id, Some(load.requests));
         }
         hand.set_ms(ask.clock / 1_000);
-        let started = Instant::now();
-        let body = serde_json::to_vec(&serde_json::json!({
-            "model": MODEL,
-            "prompt": ask.tokens,
-            "max_tokens": self.max_tokens,
-        }))
+        // The client's body: writing it is the client's work, not the producer's.
+        let body = serde_json::to_vec(&Body {
+            model: MODEL,
+            prompt: &ask.tokens,
+            max_tokens: self.max_tokens,
+        })
         .map_err(|e| e.to_string())?;
+        let started = Instant::now();
         let mut admission = producer.admit(|_| None).map_err(|r| r.to_string())?;
         admission.take(&body).map_err(|r| r.to_string())?;
         let placed = futures::executor::block_on(admission.place(None, KeepBody::Drop))

@@ -64,6 +64,14 @@ impl<'a> InferenceRequest<'a> {
     /// Parses a body (JSON bytes); strings borrow from `body` where they have no escapes.
     pub fn parse(body: &'a [u8]) -> Result<Self, RequestError> {
         let mut deserializer = serde_json::Deserializer::from_slice(body);
+        if let Ok(request) = <Self as serde::Deserialize>::deserialize(&mut deserializer) {
+            if deserializer.end().is_ok() {
+                return Ok(request);
+            }
+        }
+        // Only a bad body is read again, tracking where it failed for the error: tracking costs
+        // as much as reading, and reading a prompt of token ids is most of a request's cost.
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
         let request =
             serde_path_to_error::deserialize(&mut deserializer).map_err(RequestError::from_json)?;
         deserializer
