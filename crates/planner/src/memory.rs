@@ -369,16 +369,26 @@ impl Memory {
         self.models.len()
     }
 
-    /// The slots holding `block` (as of the last [`Memory::settle`]).
+    /// The slots holding `block` (as of the last [`Memory::settle`]), by slot.
     pub(crate) fn holders(&self, block: BlockHash) -> impl Iterator<Item = u32> + '_ {
-        let recent = self.recent.run(block);
-        let earlier = self.settled.run(block).iter();
-        let superseded = |held: &&Held| recent.iter().any(|later| later.slot == held.slot);
-        recent
-            .iter()
-            .chain(earlier.filter(move |held| !superseded(held)))
-            .filter(|held| self.live(held))
-            .map(|held| held.slot)
+        // Both runs are by slot: merged in one pass (a block every replica holds has a run of
+        // every slot in each), a slot's recent entry superseding its settled one.
+        let mut recent = self.recent.run(block).iter().peekable();
+        let mut earlier = self.settled.run(block).iter().peekable();
+        std::iter::from_fn(move || loop {
+            let held = match (recent.peek(), earlier.peek()) {
+                (Some(later), Some(held)) if held.slot < later.slot => earlier.next(),
+                (Some(later), Some(held)) if held.slot == later.slot => {
+                    earlier.next();
+                    recent.next()
+                }
+                (Some(_), _) => recent.next(),
+                (None, _) => earlier.next(),
+            }?;
+            if self.live(held) {
+                return Some(held.slot);
+            }
+        })
     }
 
     pub(crate) fn holds(&self, slot: u32, block: BlockHash) -> bool {
