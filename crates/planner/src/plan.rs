@@ -19,6 +19,7 @@ mod balance;
 mod block_keys;
 mod held_blocks;
 mod inputs;
+mod prefix_holders;
 mod recall;
 mod unit_placer;
 mod units;
@@ -26,7 +27,7 @@ mod walk;
 
 use std::collections::HashMap;
 
-pub use answer::{HeldPrefixes, PlacementReason, Plan};
+pub use answer::{HeldList, HeldPrefixes, PlacementReason, Plan};
 pub(crate) use balance::{earliest_finish, Candidate};
 pub(crate) use block_keys::BuildBlockHasher;
 pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
@@ -202,6 +203,7 @@ fn place_units(
                 placer.keep_held_list_of(request.blocks, entry, &mut plan.held);
             }
         }
+        plan.held.index();
     }
     plan.loads = placer.into_loads();
     // A request that may not use its assigned replica gets zero everywhere (step 7).

@@ -37,6 +37,16 @@ impl Unit<'_> {
         self.shared_by.len()
     }
 
+    /// Its leading blocks that as many units share as its first: a prefix all of them start
+    /// with (a system prompt), before any that fewer share.
+    pub(super) fn widest_shared(&self) -> usize {
+        let first = self.shared_by(0);
+        self.shared_by
+            .iter()
+            .take_while(|&&sharers| sharers == first)
+            .count()
+    }
+
     /// The units of the window sharing its block at `depth` (1: its own).
     pub(super) fn shared_by(&self, depth: usize) -> u32 {
         self.shared_by.get(depth).copied().unwrap_or(1)
