@@ -507,9 +507,10 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
 
     /// Windows of prompts on a few system prompts (conversations' turns among them), in turn
-    /// on one memory, in time mode: units that share a prefix keep its holders rather than
-    /// walk and price each of them. The planner's debug checks compare each unit's walk, each
-    /// choice (alone and beside peers) and each held list with walking and pricing every
+    /// on one memory, in time mode (and with memory in the other modes): units that share a
+    /// prefix keep its holders rather than walk and price each of them. The planner's debug
+    /// checks compare each unit's walk, each choice (alone and beside peers; by the fair share
+    /// and where a unit finishes first) and each held list with walking and pricing every
     /// replica; here, a held list's lookups agree with its pairs.
     #[test]
     fn keeping_a_prefixs_holders_chooses_as_walking_and_pricing_every_replica(
@@ -523,6 +524,11 @@ proptest::proptest! {
         agree_with_peers in proptest::bool::ANY,
         with_memory in proptest::bool::ANY,
         capacity in 2usize..40,
+        balance_by in proptest::prop_oneof![
+            2 => proptest::strategy::Just(BalanceBy::Time),
+            1 => proptest::strategy::Just(BalanceBy::Requests),
+            1 => proptest::strategy::Just(BalanceBy::Tokens),
+        ],
     ) {
         let ids = replica_ids(fleet_shape.len());
         let slow: Vec<bool> = fleet_shape.iter().map(|s| s.0).collect();
@@ -532,6 +538,7 @@ proptest::proptest! {
             max_per_replica: (k >= 1).then_some(k as usize),
             min_colocate_blocks: n,
             agree_with_peers,
+            balance_by,
             ..params()
         };
         let mut memory = memory(capacity, 0);

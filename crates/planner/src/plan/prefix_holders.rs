@@ -1,5 +1,6 @@
-//! Time mode: the replicas holding a prefix that the units placed in a row share (a system
-//! prompt), kept from one unit to the next rather than walked again for each.
+//! When units walk (with memory, and in time mode): the replicas holding a prefix that the
+//! units placed in a row share (a system prompt), kept from one unit to the next rather than
+//! walked again for each.
 //!
 //! Why: with a system prompt that every unit shares, every replica soon holds it, and walking
 //! its holders and pricing each of them for every unit made a window cost units x replicas.
@@ -7,7 +8,8 @@
 //! prefix leaves every replica it lands on holding the prefix whole (it records its shared
 //! blocks there). So the prefix is walked once, those replicas join as units land, and the ones
 //! holding it whole, alike to the next unit but for their load, are kept by step 6's key:
-//! `UnitPlacer::cheapest` prices them from the least loaded on, until none can win.
+//! `UnitPlacer::cheapest` prices them from the least loaded on, until none can win, and the
+//! fair share and `earliest_finish` need only the first of them (`UnitPlacer::holders`).
 
 use std::collections::BTreeSet;
 
@@ -114,7 +116,7 @@ impl PrefixHolders {
     }
 
     /// The replicas holding part of the prefix, each once.
-    pub(super) fn partial(&self) -> impl Iterator<Item = usize> + '_ {
+    pub(super) fn partial(&self) -> impl Iterator<Item = usize> + Clone + '_ {
         let len = self.len();
         self.partial
             .iter()

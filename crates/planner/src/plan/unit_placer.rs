@@ -69,8 +69,9 @@ pub(super) struct UnitPlacer<'a> {
     fastest_prefill: f64,
     /// In time mode: the highest.
     slowest_prefill: f64,
-    /// In time mode, when every replica's prefill is a finite, non-negative rate (so the
-    /// bounds along load hold): units that share a prefix keep its holders (`PrefixHolders`).
+    /// When units walk (with memory, and in time mode when every replica's prefill is a
+    /// finite, non-negative rate, so that the bounds along load hold): units that share a
+    /// prefix keep its holders (`PrefixHolders`).
     keeps_prefixes: bool,
 }
 
@@ -102,11 +103,14 @@ impl<'a> UnitPlacer<'a> {
             .iter()
             .map(|pace| pace.speed.prefill_seconds_per_token)
             .fold(0.0, f64::max);
-        let keeps_prefixes = matches!(balance, Balance::Seconds)
-            && paces.iter().all(|pace| {
+        let keeps_prefixes = match balance {
+            Balance::Seconds => paces.iter().all(|pace| {
                 let rate = pace.speed.prefill_seconds_per_token;
                 rate.is_finite() && rate >= 0.0
-            });
+            }),
+            // Units walk with memory only.
+            _ => recall.is_some(),
+        };
         let load = match balance {
             Balance::Seconds => paces
                 .iter()
@@ -613,12 +617,16 @@ impl<'a> UnitPlacer<'a> {
                         .cmp(&self.matches.of(b))
                         .then_with(|| self.key(b).cmp(&self.key(a)))
                 };
-                self.matches
-                    .matched()
-                    .iter()
-                    .copied()
-                    .filter(|&r| self.matches.of(r) >= need && self.load[r] < *max_share)
-                    .max_by(by_match)
+                let under_share =
+                    |&r: &usize| self.matches.of(r) >= need && self.load[r] < *max_share;
+                let preferred = self.holders().filter(under_share).max_by(by_match);
+                // Tests and debug builds check the few read choose as reading every replica.
+                debug_assert_eq!(
+                    (0..self.load.len()).filter(under_share).max_by(by_match),
+                    preferred,
+                    "reading the few that can win chose otherwise than reading every replica"
+                );
+                preferred
             }),
             Balance::EarliestFinish => self.earliest_finish(unit),
             Balance::Seconds => unreachable!("time mode places member by member"),
@@ -736,14 +744,51 @@ impl<'a> UnitPlacer<'a> {
         let coldest = self.least_loaded().expect("at least one replica");
         let best = earliest_finish(
             unit.blocks.len(),
-            self.matches.matched().iter().map(|&r| candidate(r)),
+            self.holders().map(candidate),
             candidate(coldest),
             |depth| unit.shared_by(depth),
             (self.total_load as f64, self.load.len()),
             &mut price_from,
         );
+        // Tests and debug builds check the few ranked choose as ranking every holder.
+        #[cfg(debug_assertions)]
+        {
+            let every = (0..self.load.len()).filter(|&r| self.matches.of(r) > 0);
+            let chosen = earliest_finish(
+                unit.blocks.len(),
+                every.map(candidate),
+                candidate(coldest),
+                |depth| unit.shared_by(depth),
+                (self.total_load as f64, self.load.len()),
+                &mut price_from,
+            );
+            debug_assert_eq!(
+                chosen, best,
+                "ranking the few that can win chose otherwise than ranking every holder"
+            );
+        }
         self.price_from = price_from;
         best
+    }
+
+    /// The replicas holding a prefix of the current unit that can be the one it starts on
+    /// by the fair share or where it finishes first: past a kept prefix, of its whole holders
+    /// (alike but for their key, which orders both) only the first the walk did not match.
+    fn holders(&self) -> impl Iterator<Item = usize> + Clone + '_ {
+        let prefix = self.matches.prefix();
+        let unmatched = |&r: &usize| !self.matches.is_matched(r);
+        let partial = prefix
+            .into_iter()
+            .flat_map(|prefix| prefix.partial())
+            .filter(unmatched);
+        let first_whole = prefix.and_then(|prefix| {
+            (prefix.whole().iter())
+                .map(|&(_, rank)| self.by_order[rank as usize] as usize)
+                .find(unmatched)
+        });
+        (self.matches.matched().iter().copied())
+            .chain(partial)
+            .chain(first_whole)
     }
 }
 

@@ -79,8 +79,8 @@ impl WindowHolders {
 }
 
 /// Scratch, per replica: the leading blocks of the current unit it holds (in this window or,
-/// with memory, in its model); nonzero only for the replicas in `matched`. In time mode, a unit
-/// that starts with the prefix in `prefix` is walked past it only: a replica outside `matched`
+/// with memory, in its model); nonzero only for the replicas in `matched`. A unit that starts
+/// with the kept prefix (`PrefixHolders`) is walked past it only: a replica outside `matched`
 /// then holds what the prefix says.
 pub(super) struct Matches {
     blocks: Vec<usize>,
