@@ -33,7 +33,10 @@ impl WindowHolders {
         WindowHolders {
             heads: HashMap::with_capacity_and_hasher(blocks, BuildBlockHasher::default()),
             nodes: Vec::with_capacity(blocks),
-            pairs: HashSet::with_capacity_and_hasher(blocks, BuildBlockHasher::default()),
+            // Grown as replicas first hold blocks: `blocks` bounds the pairs recorded, far
+            // above them once units find their prefix held, and the lookups of a table sized
+            // for the bound miss the cache.
+            pairs: HashSet::default(),
         }
     }
 
