@@ -141,24 +141,25 @@ fn place_units(
     }
     // With memory and in time mode, units walk the holders of their blocks.
     let walks = recall.is_some() || timed;
-    if walks {
-        count_sharers(&mut units);
-    }
+    let shared_blocks = match walks {
+        true => count_sharers(&mut units),
+        false => 0,
+    };
     // Each unit lands on at most ceil(members / k) replicas.
     let k = params.max_per_replica.unwrap_or(usize::MAX);
     let replicas_per_unit = |unit: &Unit<'_>| unit.members.len().div_ceil(k).min(replicas.len());
     // The window's own index: with memory, the prefix each unit shares (`UnitPlacer::place`),
     // walked; without, the blocks two units contain, looked up.
-    let (walked_blocks, held) = match walks {
+    let (walked, held) = match walks {
         true => {
             let pairs = units
                 .iter()
                 .map(|unit| unit.shared() * replicas_per_unit(unit))
                 .sum();
-            (pairs, HeldBlocks::new(&[], 0, false))
+            ((shared_blocks, pairs), HeldBlocks::new(&[], 0, false))
         }
         false => (
-            0,
+            (0, 0),
             HeldBlocks::new(&units, replicas.len(), prefer_from.is_some()),
         ),
     };
@@ -187,7 +188,7 @@ fn place_units(
         prefer_from,
         carried,
         recall,
-        walked_blocks,
+        walked,
         held,
     );
     if placer.remembers() {

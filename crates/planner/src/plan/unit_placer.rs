@@ -84,7 +84,7 @@ impl<'a> UnitPlacer<'a> {
         prefer_from: Option<usize>,
         load: Vec<u64>,
         recall: Option<Recall<'a>>,
-        walked_blocks: usize,
+        (shared_blocks, walked_pairs): (usize, usize),
         held: HeldBlocks<'a>,
     ) -> Self {
         let paces: Vec<Pace> = match balance {
@@ -144,7 +144,7 @@ impl<'a> UnitPlacer<'a> {
             full: Vec::new(),
             overflowing: false,
             held,
-            window: WindowHolders::with_capacity(walked_blocks),
+            window: WindowHolders::with_capacity(shared_blocks, walked_pairs),
             matches: Matches::new(replicas.len()),
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),

@@ -28,11 +28,12 @@ pub(super) struct WindowHolders {
 const NO_NODE: u32 = u32::MAX;
 
 impl WindowHolders {
-    /// Room for `blocks` (block, replica) pairs.
-    pub(super) fn with_capacity(blocks: usize) -> Self {
+    /// Room for `blocks` distinct blocks in `pairs` (block, replica) pairs (a table sized
+    /// for the pairs would be many times the blocks, and its lookups would miss the cache).
+    pub(super) fn with_capacity(blocks: usize, pairs: usize) -> Self {
         WindowHolders {
             heads: HashMap::with_capacity_and_hasher(blocks, BuildBlockHasher::default()),
-            nodes: Vec::with_capacity(blocks),
+            nodes: Vec::with_capacity(pairs),
             // Grown as replicas first hold blocks: `blocks` bounds the pairs recorded, far
             // above them once units find their prefix held, and the lookups of a table sized
             // for the bound miss the cache.
