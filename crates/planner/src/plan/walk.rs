@@ -133,7 +133,8 @@ impl Matches {
         &mut self.prefix
     }
 
-    /// Takes this walk's matches as the prefix `blocks` (the walk's blocks): see `PrefixHolders::start`.
+    /// Takes this walk's matches as the kept prefix, `blocks` (the walked ones), and clears
+    /// them; returns the replicas holding it whole (`PrefixHolders::start`).
     pub(super) fn keep_as_prefix(
         &mut self,
         blocks: &[BlockHash],
