@@ -24,7 +24,7 @@ pub use cost::{Busy, Pace, Speed};
 pub use in_flight::{Arrival, ArrivalPlacement, InFlight, InFlightSettings, PlacementId};
 pub use memory::{Memory, MemorySettings};
 pub use plan::{
-    assign, assign_with_memory, BalanceBy, BatchRequest, HeldPrefixes, PlacementReason, Plan,
-    PlanParams, Replica,
+    assign, assign_with_memory, BalanceBy, BatchRequest, HeldList, HeldPrefixes, PlacementReason,
+    Plan, PlanParams, Replica,
 };
 pub use prefixhash::{chain_seed, hash_prompts, BlockHash, BlockSpec, Prompt};

@@ -19,6 +19,7 @@ mod balance;
 mod block_keys;
 mod held_blocks;
 mod inputs;
+mod prefix_holders;
 mod recall;
 mod unit_placer;
 mod units;
@@ -26,7 +27,7 @@ mod walk;
 
 use std::collections::HashMap;
 
-pub use answer::{HeldPrefixes, PlacementReason, Plan};
+pub use answer::{HeldList, HeldPrefixes, PlacementReason, Plan};
 pub(crate) use balance::{earliest_finish, Candidate};
 pub(crate) use block_keys::BuildBlockHasher;
 pub use inputs::{BalanceBy, BatchRequest, PlanParams, Replica};
@@ -140,24 +141,25 @@ fn place_units(
     }
     // With memory and in time mode, units walk the holders of their blocks.
     let walks = recall.is_some() || timed;
-    if walks {
-        count_sharers(&mut units);
-    }
+    let shared_blocks = match walks {
+        true => count_sharers(&mut units),
+        false => 0,
+    };
     // Each unit lands on at most ceil(members / k) replicas.
     let k = params.max_per_replica.unwrap_or(usize::MAX);
     let replicas_per_unit = |unit: &Unit<'_>| unit.members.len().div_ceil(k).min(replicas.len());
     // The window's own index: with memory, the prefix each unit shares (`UnitPlacer::place`),
     // walked; without, the blocks two units contain, looked up.
-    let (walked_blocks, held) = match walks {
+    let (walked, held) = match walks {
         true => {
             let pairs = units
                 .iter()
                 .map(|unit| unit.shared() * replicas_per_unit(unit))
                 .sum();
-            (pairs, HeldBlocks::new(&[], 0, false))
+            ((shared_blocks, pairs), HeldBlocks::new(&[], 0, false))
         }
         false => (
-            0,
+            (0, 0),
             HeldBlocks::new(&units, replicas.len(), prefer_from.is_some()),
         ),
     };
@@ -186,7 +188,7 @@ fn place_units(
         prefer_from,
         carried,
         recall,
-        walked_blocks,
+        walked,
         held,
     );
     if placer.remembers() {
@@ -202,6 +204,7 @@ fn place_units(
                 placer.keep_held_list_of(request.blocks, entry, &mut plan.held);
             }
         }
+        plan.held.index();
     }
     plan.loads = placer.into_loads();
     // A request that may not use its assigned replica gets zero everywhere (step 7).

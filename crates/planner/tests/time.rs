@@ -483,3 +483,84 @@ fn a_prompt_whose_answers_ran_long_spreads_its_samples_and_a_short_one_keeps_the
     let busy: Vec<usize> = counts(&placed, 16);
     assert!(busy.iter().all(|&c| c >= 1), "{busy:?}");
 }
+
+/// A fleet of `speeds.len()` replicas, each of the default speed or the A100's (`true`), with
+/// what it is busy with.
+fn busy_fleet<'a>(ids: &'a [String], slow: &[bool], busy: &[(u8, u16)]) -> Vec<Replica<'a>> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| Replica {
+            running_requests: u64::from(busy[i].0 % 3),
+            pace: Pace {
+                speed: if slow[i] { a100() } else { Speed::default() },
+                busy: Busy {
+                    requests: f64::from(busy[i].0),
+                    prefill_tokens: f64::from(busy[i].1),
+                },
+            },
+            ..Replica::new(id)
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// Windows of prompts on a few system prompts (conversations' turns among them), in turn
+    /// on one memory, in time mode (and with memory in the other modes): units that share a
+    /// prefix keep its holders rather than walk and price each of them. The planner's debug
+    /// checks compare each unit's walk, each choice (alone and beside peers; by the fair share
+    /// and where a unit finishes first) and each held list with walking and pricing every
+    /// replica; here, a held list's lookups agree with its pairs.
+    #[test]
+    fn keeping_a_prefixs_holders_chooses_as_walking_and_pricing_every_replica(
+        fleet_shape in proptest::collection::vec((proptest::bool::weighted(0.3), 0u8..5, 0u16..3000), 1..20),
+        windows in proptest::collection::vec(
+            proptest::collection::vec((0u64..3, 0usize..6, 0u64..6, 0usize..4, 1usize..4), 1..14),
+            1..4,
+        ),
+        k in proptest::prop_oneof![proptest::strategy::Just(-1i64), 1i64..4],
+        n in 0usize..3,
+        agree_with_peers in proptest::bool::ANY,
+        with_memory in proptest::bool::ANY,
+        capacity in 2usize..40,
+        balance_by in proptest::prop_oneof![
+            2 => proptest::strategy::Just(BalanceBy::Time),
+            1 => proptest::strategy::Just(BalanceBy::Requests),
+            1 => proptest::strategy::Just(BalanceBy::Tokens),
+        ],
+    ) {
+        let ids = replica_ids(fleet_shape.len());
+        let slow: Vec<bool> = fleet_shape.iter().map(|s| s.0).collect();
+        let busy: Vec<(u8, u16)> = fleet_shape.iter().map(|s| (s.1, s.2)).collect();
+        let replicas = busy_fleet(&ids, &slow, &busy);
+        let params = PlanParams {
+            max_per_replica: (k >= 1).then_some(k as usize),
+            min_colocate_blocks: n,
+            agree_with_peers,
+            balance_by,
+            ..params()
+        };
+        let mut memory = memory(capacity, 0);
+        for (now_ms, window) in (0..).zip(&windows) {
+            let prompts: Vec<Vec<BlockHash>> = window
+                .iter()
+                .flat_map(|&(system, system_blocks, tag, own, samples)| {
+                    vec![blocks(system, system_blocks, tag, own); samples]
+                })
+                .collect();
+            let requests = batch(&prompts);
+            let plan = match with_memory {
+                true => assign_with_memory(&requests, &replicas, &params, &mut memory, now_ms),
+                false => burst_prefix_planner::assign(&requests, &replicas, &params),
+            };
+            for request in 0..prompts.len() {
+                let pairs = plan.held.of(request);
+                for replica in 0..replicas.len() {
+                    let listed = pairs.iter().find(|&&(r, _)| r == replica).map_or(0, |p| p.1);
+                    proptest::prop_assert_eq!(plan.held.blocks(request, replica), listed);
+                }
+            }
+        }
+    }
+}

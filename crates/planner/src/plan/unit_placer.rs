@@ -3,8 +3,10 @@
 
 use std::collections::BTreeSet;
 
+use super::answer::WholeHolders;
 use super::balance::{earliest_finish, Balance, Candidate};
 use super::held_blocks::HeldBlocks;
+use super::prefix_holders::NO_HOLDERS;
 use super::recall::Recall;
 use super::units::Unit;
 use super::walk::{Matches, WindowHolders};
@@ -65,6 +67,12 @@ pub(super) struct UnitPlacer<'a> {
     ids: Vec<&'a str>,
     /// In time mode: the lowest seconds per prefill token among the replicas.
     fastest_prefill: f64,
+    /// In time mode: the highest.
+    slowest_prefill: f64,
+    /// When units walk (with memory, and in time mode when every replica's prefill is a
+    /// finite, non-negative rate, so that the bounds along load hold): units that share a
+    /// prefix keep its holders (`PrefixHolders`).
+    keeps_prefixes: bool,
 }
 
 impl<'a> UnitPlacer<'a> {
@@ -76,7 +84,7 @@ impl<'a> UnitPlacer<'a> {
         prefer_from: Option<usize>,
         load: Vec<u64>,
         recall: Option<Recall<'a>>,
-        walked_blocks: usize,
+        (shared_blocks, walked_pairs): (usize, usize),
         held: HeldBlocks<'a>,
     ) -> Self {
         let paces: Vec<Pace> = match balance {
@@ -91,6 +99,18 @@ impl<'a> UnitPlacer<'a> {
             .iter()
             .map(|pace| pace.speed.prefill_seconds_per_token)
             .fold(f64::INFINITY, f64::min);
+        let slowest_prefill = paces
+            .iter()
+            .map(|pace| pace.speed.prefill_seconds_per_token)
+            .fold(0.0, f64::max);
+        let keeps_prefixes = match balance {
+            Balance::Seconds => paces.iter().all(|pace| {
+                let rate = pace.speed.prefill_seconds_per_token;
+                rate.is_finite() && rate >= 0.0
+            }),
+            // Units walk with memory only.
+            _ => recall.is_some(),
+        };
         let load = match balance {
             Balance::Seconds => paces
                 .iter()
@@ -124,7 +144,7 @@ impl<'a> UnitPlacer<'a> {
             full: Vec::new(),
             overflowing: false,
             held,
-            window: WindowHolders::with_capacity(walked_blocks),
+            window: WindowHolders::with_capacity(shared_blocks, walked_pairs),
             matches: Matches::new(replicas.len()),
             members_here: vec![0; replicas.len()],
             touched: Vec::new(),
@@ -133,6 +153,8 @@ impl<'a> UnitPlacer<'a> {
             paces,
             ids,
             fastest_prefill,
+            slowest_prefill,
+            keeps_prefixes,
             recall,
         }
     }
@@ -154,7 +176,26 @@ impl<'a> UnitPlacer<'a> {
     }
 
     pub(super) fn place(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
-        if self.walks() {
+        // Every unit that records shared blocks goes this way while a prefix is kept, so what it
+        // holds changes only where such a unit lands (`PrefixHolders`).
+        let past_prefix = self.keeps_prefixes && unit.shared() > 0;
+        if past_prefix {
+            if !self
+                .matches
+                .kept_prefix()
+                .starts(unit.blocks, unit.shared())
+            {
+                self.keep_prefix(unit, plan);
+            }
+            self.matches.walk_past_prefix(
+                &self.window,
+                self.recall.as_mut(),
+                unit.blocks,
+                unit.shared(),
+            );
+            #[cfg(debug_assertions)]
+            self.check_walk_past_prefix(unit);
+        } else if self.walks() {
             self.matches.walk(
                 &self.window,
                 self.recall.as_mut(),
@@ -167,6 +208,8 @@ impl<'a> UnitPlacer<'a> {
         if self.recall.is_some() {
             self.matches
                 .keep_as_held_list(&unit.members, &mut plan.held);
+            #[cfg(debug_assertions)]
+            self.check_held_list(unit, plan);
         }
         if matches!(self.balance, Balance::Seconds) {
             self.place_members_by_seconds(unit, plan);
@@ -198,8 +241,87 @@ impl<'a> UnitPlacer<'a> {
             }
             self.members_here[replica] = 0;
         }
+        if past_prefix {
+            // Each holds the unit's shared blocks now (recorded above, or as it first landed
+            // in time mode), the prefix among them.
+            for i in 0..self.touched.len() {
+                let replica = self.touched[i];
+                let key = self.key(replica);
+                if self.matches.kept_prefix().join(replica, key) {
+                    self.log_whole_holder(replica, plan);
+                }
+            }
+        }
         self.touched.clear();
         self.matches.clear();
+    }
+
+    /// Walks the prefix `unit` starts with, that as many units share as its first block, and
+    /// keeps its holders for the units after it that start with it too.
+    fn keep_prefix(&mut self, unit: &Unit<'a>, plan: &mut Plan) {
+        let prefix = &unit.blocks[..unit.widest_shared()];
+        let logged_in = match self.remembers() {
+            true => {
+                plan.held
+                    .whole_holders
+                    .push(WholeHolders::new(prefix.len()));
+                (plan.held.whole_holders.len() - 1) as u32
+            }
+            false => NO_HOLDERS,
+        };
+        self.matches
+            .walk(&self.window, self.recall.as_mut(), prefix, unit.shared());
+        let (load, order) = (&self.load, &self.order);
+        let whole = self
+            .matches
+            .keep_as_prefix(prefix, |r| (load[r], order[r]), logged_in);
+        for replica in whole {
+            self.log_whole_holder(replica, plan);
+        }
+    }
+
+    /// With memory, logs that `replica` came to hold the kept prefix whole, for the answer.
+    fn log_whole_holder(&mut self, replica: usize, plan: &mut Plan) {
+        let logged_in = self.matches.kept_prefix().logged_in();
+        if logged_in != NO_HOLDERS {
+            plan.held.whole_holders[logged_in as usize]
+                .joined
+                .push(replica);
+        }
+    }
+
+    /// Debug builds check the walk past a kept prefix against the whole walk.
+    #[cfg(debug_assertions)]
+    fn check_walk_past_prefix(&mut self, unit: &Unit<'_>) {
+        let mut every = Matches::new(self.load.len());
+        every.walk(
+            &self.window,
+            self.recall.as_mut(),
+            unit.blocks,
+            unit.shared(),
+        );
+        for replica in 0..self.load.len() {
+            debug_assert_eq!(
+                self.matches.of(replica),
+                every.of(replica),
+                "the walk past the kept prefix found otherwise than the whole walk"
+            );
+        }
+    }
+
+    /// Debug builds check that the unit's held list, its whole holders counted, names what
+    /// the walk found.
+    #[cfg(debug_assertions)]
+    fn check_held_list(&self, unit: &Unit<'_>, plan: &Plan) {
+        let found: Vec<(usize, usize)> = (0..self.load.len())
+            .map(|replica| (replica, self.matches.of(replica)))
+            .filter(|&(_, blocks)| blocks > 0)
+            .collect();
+        debug_assert_eq!(
+            plan.held.of(unit.members[0]),
+            found,
+            "the held list counted otherwise than the walk found"
+        );
     }
 
     /// The blocks of `unit` the window's own index needs: with memory (and in time mode), only
@@ -295,19 +417,21 @@ impl<'a> UnitPlacer<'a> {
     /// Time mode: the replica where one more member of `unit` is answered first, among those
     /// under k for the unit (all of them while overflowing); ties by step 6's order. Beside
     /// other producers, while no replica holds the whole unit, the one they all would choose
-    /// among those within the slack of the cheapest (`crate::agree`). The replicas holding none
-    /// of it are read by load, stopping once no further one can win.
+    /// among those within the slack of the cheapest (`crate::agree`). The replicas holding a
+    /// kept prefix whole and those holding none of the unit are read by key, stopping once no
+    /// further one can win; the others are priced each.
     fn cheapest(&self, unit: &Unit<'_>) -> Option<usize> {
         let blocks = unit.blocks.len();
         let block_tokens = f64::from(self.params.block_tokens);
         let prompt_tokens = blocks as f64 * block_tokens;
+        let n = self.params.min_colocate_blocks;
         // `load` is the cost of a request holding nothing and prefilling nothing; a member
         // prefills what the replica lacks, and waits for no queued prefill it shares.
         let cost = |replica: usize| {
             let pace = &self.paces[replica];
             // A prefix shorter than N blocks is not followed.
             let held = match self.matches.of(replica) {
-                held if held < self.params.min_colocate_blocks => 0.0,
+                held if held < n => 0.0,
                 held => held as f64 * block_tokens,
             };
             let uncached = prompt_tokens - held;
@@ -315,40 +439,100 @@ impl<'a> UnitPlacer<'a> {
             seconds(self.load[replica]) + (uncached - shared) * pace.speed.prefill_seconds_per_token
         };
         let eligible = |replica: usize| self.overflowing || self.members_here[replica] < self.k;
-        // The cold replicas by load (their cost is their load plus at least `cold`), until
-        // none can cost `at_most`.
+        let replica_of = |&(_, rank): &(u64, u32)| self.by_order[rank as usize] as usize;
+        // Along step 6's key the replicas holding none of the unit cost their load plus at
+        // least `cold`, and those holding the prefix whole their load plus at least
+        // `whole_floor` (its tokens held, and as many of queued prefill shared at most).
         let cold = prompt_tokens * self.fastest_prefill;
+        let prefix = self.matches.prefix();
+        let whole_floor = prefix.map_or(0.0, |prefix| {
+            let held = match prefix.len() {
+                len if len < n => 0.0,
+                len => len as f64 * block_tokens,
+            };
+            let least = prompt_tokens - 2.0 * held;
+            least
+                * match least >= 0.0 {
+                    true => self.fastest_prefill,
+                    false => self.slowest_prefill,
+                }
+        });
         let cold_within = |at_most: f64| {
             self.under_k
                 .iter()
                 .take_while(move |&&(load, _)| seconds(load) + cold <= at_most)
-                .map(|&(_, rank)| self.by_order[rank as usize] as usize)
+                .map(replica_of)
         };
-        let mut best: Option<(f64, (u64, u32), usize)> = None;
-        let consider = |replica: usize, best: &mut Option<(f64, (u64, u32), usize)>| {
+        let whole_within = |at_most: f64| {
+            prefix
+                .into_iter()
+                .flat_map(|prefix| prefix.whole().iter())
+                .take_while(move |&&(load, _)| seconds(load) + whole_floor <= at_most)
+                .map(replica_of)
+                .filter(|&r| !self.matches.is_matched(r))
+        };
+        // The replicas priced each: those the walk matched, and those holding part of the
+        // prefix.
+        let each = || {
+            let partial = prefix.into_iter().flat_map(|prefix| prefix.partial());
+            (self.matches.matched().iter().copied())
+                .chain(partial.filter(|&r| !self.matches.is_matched(r)))
+                .filter(|&r| eligible(r))
+        };
+        type Best = Option<(f64, (u64, u32), usize)>;
+        let mut best: Best = None;
+        let consider = |replica: usize, best: &mut Best| {
             let rank = (cost(replica), self.key(replica), replica);
             let lower = best.as_ref().is_none_or(|b| (rank.0, rank.1) < (b.0, b.1));
             if lower {
                 *best = Some(rank);
             }
         };
-        for &replica in self.matches.matched() {
-            if eligible(replica) {
+        // Along a key order, no later replica can win once one's bound passes the best, or
+        // meets it with a key no lower (with equal loads, not all of them are priced).
+        let beaten = |bound: f64, key: (u64, u32), best: &Best| {
+            best.as_ref()
+                .is_some_and(|b| bound > b.0 || (bound == b.0 && key >= b.1))
+        };
+        for replica in each() {
+            consider(replica, &mut best);
+        }
+        for &(load, rank) in prefix.into_iter().flat_map(|prefix| prefix.whole().iter()) {
+            if beaten(seconds(load) + whole_floor, (load, rank), &best) {
+                break;
+            }
+            let replica = replica_of(&(load, rank));
+            // Matched: priced above, and maybe at k.
+            if !self.matches.is_matched(replica) {
                 consider(replica, &mut best);
             }
         }
         for &(load, rank) in &self.under_k {
-            if best.as_ref().is_some_and(|b| seconds(load) + cold > b.0) {
+            if beaten(seconds(load) + cold, (load, rank), &best) {
                 break;
             }
-            consider(self.by_order[rank as usize] as usize, &mut best);
+            consider(replica_of(&(load, rank)), &mut best);
+        }
+        // Tests and debug builds check the few priced choose as pricing every replica would.
+        #[cfg(debug_assertions)]
+        if self.keeps_prefixes {
+            let every = (0..self.load.len())
+                .filter(|&r| eligible(r))
+                .map(|r| (cost(r), self.key(r), r))
+                .min_by(|a, b| (a.0, a.1).partial_cmp(&(b.0, b.1)).expect("finite costs"));
+            debug_assert_eq!(
+                every.map(|(.., r)| r),
+                best.map(|(.., r)| r),
+                "pricing the few that can win chose otherwise than pricing every replica"
+            );
         }
         let (cheapest, _, replica) = best?;
         let held_whole = self
             .matches
             .matched()
             .iter()
-            .any(|&r| self.matches.of(r) >= blocks);
+            .any(|&r| self.matches.of(r) >= blocks)
+            || prefix.is_some_and(|prefix| prefix.len() >= blocks && !prefix.whole().is_empty());
         let agree = self.params.agree_with_peers && !held_whole;
         let Some(&prompt) = unit.blocks.last().filter(|_| agree) else {
             return Some(replica);
@@ -359,17 +543,27 @@ impl<'a> UnitPlacer<'a> {
             id: self.ids[replica],
             seconds: cost(replica),
         };
-        let within: Vec<Priced<'_>> = self
-            .matches
-            .matched()
-            .iter()
-            .copied()
-            .filter(|&r| eligible(r))
+        let within: Vec<Priced<'_>> = each()
+            .chain(whole_within(cheapest + slack))
             .chain(cold_within(cheapest + slack))
             .map(priced)
             .filter(|p| p.seconds <= cheapest + slack)
             .collect();
-        agree::choose(&within, prompt, slack)
+        let chosen = agree::choose(&within, prompt, slack);
+        #[cfg(debug_assertions)]
+        if self.keeps_prefixes {
+            let every: Vec<Priced<'_>> = (0..self.load.len())
+                .filter(|&r| eligible(r))
+                .map(priced)
+                .filter(|p| p.seconds <= cheapest + slack)
+                .collect();
+            debug_assert_eq!(
+                agree::choose(&every, prompt, slack),
+                chosen,
+                "agreeing among the few within the slack chose otherwise than among all"
+            );
+        }
+        chosen
     }
 
     /// With memory, for a request outside every unit (entry `entry` of the batch): what the
@@ -423,12 +617,16 @@ impl<'a> UnitPlacer<'a> {
                         .cmp(&self.matches.of(b))
                         .then_with(|| self.key(b).cmp(&self.key(a)))
                 };
-                self.matches
-                    .matched()
-                    .iter()
-                    .copied()
-                    .filter(|&r| self.matches.of(r) >= need && self.load[r] < *max_share)
-                    .max_by(by_match)
+                let under_share =
+                    |&r: &usize| self.matches.of(r) >= need && self.load[r] < *max_share;
+                let preferred = self.holders().filter(under_share).max_by(by_match);
+                // Tests and debug builds check the few read choose as reading every replica.
+                debug_assert_eq!(
+                    (0..self.load.len()).filter(under_share).max_by(by_match),
+                    preferred,
+                    "reading the few that can win chose otherwise than reading every replica"
+                );
+                preferred
             }),
             Balance::EarliestFinish => self.earliest_finish(unit),
             Balance::Seconds => unreachable!("time mode places member by member"),
@@ -461,7 +659,8 @@ impl<'a> UnitPlacer<'a> {
         reason: PlacementReason,
         plan: &mut Plan,
     ) {
-        let indexed = self.under_k.remove(&self.key(replica));
+        let key_before = self.key(replica);
+        let indexed = self.under_k.remove(&key_before);
         if self.members_here[replica] == 0 {
             self.touched.push(replica);
             if !self.walks() {
@@ -493,6 +692,10 @@ impl<'a> UnitPlacer<'a> {
         for &member in members {
             plan.assignments[member] = Some(replica);
             plan.reasons[member] = Some(reason);
+        }
+        if self.matches.kept_prefix().holds_whole(replica) {
+            let key = self.key(replica);
+            self.matches.kept_prefix().rekey(key_before, key);
         }
         if indexed {
             if self.overflowing || self.members_here[replica] < self.k {
@@ -541,14 +744,51 @@ impl<'a> UnitPlacer<'a> {
         let coldest = self.least_loaded().expect("at least one replica");
         let best = earliest_finish(
             unit.blocks.len(),
-            self.matches.matched().iter().map(|&r| candidate(r)),
+            self.holders().map(candidate),
             candidate(coldest),
             |depth| unit.shared_by(depth),
             (self.total_load as f64, self.load.len()),
             &mut price_from,
         );
+        // Tests and debug builds check the few ranked choose as ranking every holder.
+        #[cfg(debug_assertions)]
+        {
+            let every = (0..self.load.len()).filter(|&r| self.matches.of(r) > 0);
+            let chosen = earliest_finish(
+                unit.blocks.len(),
+                every.map(candidate),
+                candidate(coldest),
+                |depth| unit.shared_by(depth),
+                (self.total_load as f64, self.load.len()),
+                &mut price_from,
+            );
+            debug_assert_eq!(
+                chosen, best,
+                "ranking the few that can win chose otherwise than ranking every holder"
+            );
+        }
         self.price_from = price_from;
         best
+    }
+
+    /// The replicas holding a prefix of the current unit that can be the one it starts on
+    /// by the fair share or where it finishes first: past a kept prefix, of its whole holders
+    /// (alike but for their key, which orders both) only the first the walk did not match.
+    fn holders(&self) -> impl Iterator<Item = usize> + Clone + '_ {
+        let prefix = self.matches.prefix();
+        let unmatched = |&r: &usize| !self.matches.is_matched(r);
+        let partial = prefix
+            .into_iter()
+            .flat_map(|prefix| prefix.partial())
+            .filter(unmatched);
+        let first_whole = prefix.and_then(|prefix| {
+            (prefix.whole().iter())
+                .map(|&(_, rank)| self.by_order[rank as usize] as usize)
+                .find(unmatched)
+        });
+        (self.matches.matched().iter().copied())
+            .chain(partial)
+            .chain(first_whole)
     }
 }
 

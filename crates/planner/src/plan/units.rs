@@ -37,6 +37,16 @@ impl Unit<'_> {
         self.shared_by.len()
     }
 
+    /// Its leading blocks that as many units share as its first: a prefix all of them start
+    /// with (a system prompt), before any that fewer share.
+    pub(super) fn widest_shared(&self) -> usize {
+        let first = self.shared_by(0);
+        self.shared_by
+            .iter()
+            .take_while(|&&sharers| sharers == first)
+            .count()
+    }
+
     /// The units of the window sharing its block at `depth` (1: its own).
     pub(super) fn shared_by(&self, depth: usize) -> u32 {
         self.shared_by.get(depth).copied().unwrap_or(1)
@@ -108,14 +118,16 @@ pub(super) fn form_units<'a>(
 
 /// Sets each unit's `shared_by`: at each depth, how many units' chains agree with its own up
 /// to that block, while two or more do. Found depth by depth among the units that agreed so
-/// far, so a unit costs the blocks it shares, not all of its blocks.
-pub(super) fn count_sharers(units: &mut [Unit<'_>]) {
+/// far, so a unit costs the blocks it shares, not all of its blocks. Returns how many
+/// distinct shared blocks there are at most (one per run of agreeing units).
+pub(super) fn count_sharers(units: &mut [Unit<'_>]) -> usize {
     let mut order: Vec<u32> = (0..units.len() as u32).collect();
     // (unit, sharers) at each depth a unit shares, each unit's in depth order.
     let mut found: Vec<(u32, u32)> = Vec::new();
     let mut shared = vec![0; units.len()];
     // Runs of `order` whose units agree on their blocks before `depth`: (depth, start, end).
     let mut runs = vec![(0, 0, order.len())];
+    let mut shared_blocks = 0;
     while let Some((depth, start, end)) = runs.pop() {
         let block_at = |unit: u32| units[unit as usize].blocks.get(depth).copied();
         let run = &mut order[start..end];
@@ -126,6 +138,7 @@ pub(super) fn count_sharers(units: &mut [Unit<'_>]) {
             let to = from + run[from..].partition_point(|&unit| block_at(unit) == block);
             if block.is_some() && to - from >= 2 {
                 runs.push((depth + 1, start + from, start + to));
+                shared_blocks += 1;
                 // A unit's runs are found in depth order.
                 for &unit in &run[from..to] {
                     found.push((unit, (to - from) as u32));
@@ -142,6 +155,7 @@ pub(super) fn count_sharers(units: &mut [Unit<'_>]) {
     for (unit, sharers) in found {
         units[unit as usize].shared_by.push(sharers);
     }
+    shared_blocks
 }
 
 /// Orders the remembered units by how few units of the window share the prefix the models
