@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use burst_prefix_api::{Endpoint, PlannerConfig, ProducerConfig};
+use burst_prefix_api::{Endpoint, Placement, PlannerConfig, ProducerConfig};
 use burst_prefix_planner::BlockHash;
 use clap::Args;
 use serde_json::{json, Value};
@@ -36,7 +36,8 @@ pub struct DemoArgs {
     pub log_level: String,
 }
 
-/// The built-in config: 4 fake replicas, defaults otherwise (100 ms window, 64-token blocks).
+/// The built-in config: 4 fake replicas, defaults otherwise (placed on arrival, 64-token
+/// blocks).
 pub fn config() -> ProducerConfig {
     ProducerConfig {
         planner: PlannerConfig::default(),
@@ -338,11 +339,15 @@ fn report(
         config.endpoints[0].id,
         config.endpoints[replicas - 1].id
     );
+    let on_arrival = planner.placement() == Placement::OnArrival;
+    let placement = if on_arrival {
+        "on arrival (each request placed the moment it is read)".to_string()
+    } else {
+        format!("in windows of {} ms", planner.window_ms())
+    };
     let _ = writeln!(
         out,
-        "  config    placement {:?}, windowDurationMs {}, balanceBy {:?}, blockSizeTokens {}, maxPerReplica {}, minColocateBlocks {}",
-        planner.placement(),
-        planner.window_ms(),
+        "  config    placement {placement}, balanceBy {:?}, blockSizeTokens {}, maxPerReplica {}, minColocateBlocks {}",
         planner.balance(),
         planner.block_size_tokens,
         planner.max_per_replica,
@@ -354,19 +359,26 @@ fn report(
          ~{tokens} tokens sharing a system prompt) + {LONE} lone requests\n",
         requests.len()
     );
-    let _ = writeln!(
-        out,
-        "All {} answered by {} window(s) ({}), after waiting {:.0}-{:.0} ms.\n",
-        responses.len(),
-        windows.len(),
-        windows
-            .iter()
-            .map(|(id, size)| format!("window {id}: {size} requests"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        waited(f64::min),
-        waited(f64::max),
-    );
+    let waited = format!("{:.2}-{:.2} ms", waited(f64::min), waited(f64::max));
+    if on_arrival {
+        let _ = writeln!(
+            out,
+            "All {} placed as they arrived, each within {waited} of being read.\n",
+            responses.len(),
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "All {} answered by {} window(s) ({}), after waiting {waited}.\n",
+            responses.len(),
+            windows.len(),
+            windows
+                .iter()
+                .map(|(id, size)| format!("window {id}: {size} requests"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    }
 
     let _ = writeln!(out, "Where they landed:");
     let mut rows: Vec<(String, String, Vec<Option<usize>>)> = config
