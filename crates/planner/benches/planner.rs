@@ -338,7 +338,7 @@ fn zero_wait(c: &mut Criterion) {
         balance_by: BalanceBy::Time,
         ..PlanParams::default()
     };
-    for fleet in [16, 256, 1_024, 4_096] {
+    for fleet in [16, 64, 256, 512, 1_024, 2_048, 4_096] {
         let prompts = rl_step(fleet, 8, 16, 8);
         let ids = replica_ids(fleet);
         let list = replicas(&ids);
