@@ -777,9 +777,9 @@ impl InFlight {
         }
     }
 
+    /// Step 6's key, as the load order keeps it.
     fn load_key(&self, replica: u32) -> (u64, u32) {
-        let state = &self.replicas[replica as usize];
-        (state.load.to_bits(), state.rank)
+        orders::load_key(self.standing(replica))
     }
 
     fn add_flight(&mut self, id: u64, flight: Flight) {

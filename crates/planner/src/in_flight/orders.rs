@@ -132,7 +132,8 @@ impl Orders {
     }
 }
 
-fn load_key(standing: Standing) -> (u64, u32) {
+/// By load, ties by rank.
+pub(super) fn load_key(standing: Standing) -> (u64, u32) {
     (standing.load.to_bits(), standing.rank)
 }
 
